@@ -1,0 +1,140 @@
+"""KV caches as plain pytrees, passed into `Model.forward` and returned by it.
+
+Layout (B sequences, K kv heads, D head dim, W window, S capacity, N = S / block):
+
+    cache = {
+      "lengths": int32 [B],                 # tokens written per sequence
+      "layers": (one dict per layer,)
+    }
+    S layer: {"k": [B, W, K, D], "v": [B, W, K, D], "pos": int32 [B, W]}  # ring buffer
+    G layer: {"k": [B, S, K, D], "v": [B, S, K, D], "block_keys": [B, N, K, D]}
+    F layer: {"k": [B, S, K, D], "v": [B, S, K, D]}
+
+Full caches are indexed by position. The ring stores the position held in
+each slot (-1 when empty), so visibility is decided by positions alone.
+Each sequence writes its own positions, so ragged lengths share one batch.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_rl.model.config import ModelSpec
+from kernels import reference
+
+
+def init_cache(spec: ModelSpec, batch_size: int, max_len: int | None = None) -> dict:
+  """An empty cache for `batch_size` sequences of up to `max_len` positions."""
+  max_len = spec.max_seq_len if max_len is None else max_len
+  if max_len % spec.block_size:
+    raise ValueError(f"cache max_len={max_len} must be a multiple of "
+                     f"block_size={spec.block_size}.")
+  dtype = jnp.dtype(spec.cache_dtype)
+  kv = (spec.num_kv_heads, spec.head_dim)
+  layers = []
+  for layer_type in spec.layer_types:
+    if layer_type == "S":
+      w = spec.sliding_window
+      layers.append({"k": jnp.zeros((batch_size, w) + kv, dtype),
+                     "v": jnp.zeros((batch_size, w) + kv, dtype),
+                     "pos": jnp.full((batch_size, w), -1, jnp.int32)})
+    else:
+      layer = {"k": jnp.zeros((batch_size, max_len) + kv, dtype),
+               "v": jnp.zeros((batch_size, max_len) + kv, dtype)}
+      if layer_type == "G":
+        layer["block_keys"] = jnp.zeros(
+            (batch_size, max_len // spec.block_size) + kv, dtype)
+      layers.append(layer)
+  return {"lengths": jnp.zeros((batch_size,), jnp.int32), "layers": tuple(layers)}
+
+
+def cache_bytes_per_sequence(spec: ModelSpec, length: int) -> int:
+  """Bytes one sequence's cache needs to hold `length` tokens.
+
+  Full layers grow with the length; ring buffers stop at the window.
+  """
+  itemsize = np.dtype(spec.cache_dtype).itemsize
+  kv_token = spec.num_kv_heads * spec.head_dim * itemsize
+  total = 4  # the length counter
+  for layer_type in spec.layer_types:
+    if layer_type == "S":
+      slots = min(spec.sliding_window, length)
+      total += slots * (2 * kv_token + 4)
+    else:
+      total += length * 2 * kv_token
+      if layer_type == "G":
+        total += -(-length // spec.block_size) * kv_token
+  return total
+
+
+def new_lengths(lengths_b, positions_bt):
+  return jnp.maximum(lengths_b, jnp.max(positions_bt, axis=1) + 1).astype(jnp.int32)
+
+
+def _drop_invalid(index_bt, valid_bt, size):
+  # Negative indices would wrap; out-of-range ones are dropped by mode="drop".
+  return jnp.where(valid_bt, index_bt, size)
+
+
+def write_full(buf_bskd, new_btkd, positions_bt):
+  """Scatters new keys or values into a position-indexed buffer."""
+  b = buf_bskd.shape[0]
+  size = buf_bskd.shape[1]
+  idx = _drop_invalid(positions_bt, (positions_bt >= 0) & (positions_bt < size), size)
+  rows = jnp.arange(b)[:, None]
+  return buf_bskd.at[rows, idx].set(new_btkd.astype(buf_bskd.dtype), mode="drop")
+
+
+def write_ring(layer: dict, k_btkd, v_btkd, positions_bt) -> dict:
+  """Writes a chunk into a ring buffer; only the chunk's last W tokens land."""
+  b, w = layer["pos"].shape
+  last_b = jnp.max(positions_bt, axis=1, keepdims=True)
+  valid = (positions_bt >= 0) & (positions_bt > last_b - w)
+  idx = _drop_invalid(positions_bt % w, valid, w)
+  rows = jnp.arange(b)[:, None]
+  return {
+      "k": layer["k"].at[rows, idx].set(k_btkd.astype(layer["k"].dtype), mode="drop"),
+      "v": layer["v"].at[rows, idx].set(v_btkd.astype(layer["v"].dtype), mode="drop"),
+      "pos": layer["pos"].at[rows, idx].set(positions_bt, mode="drop"),
+  }
+
+
+def update_block_keys(block_keys_bnkd, k_bskd, positions_bt, lengths_b, *, block_size):
+  """Recomputes the mean key of every block the chunk's tokens touched.
+
+  Uses the same masked mean as `reference.block_means`, so a cache built
+  token by token holds the summaries a full forward computes.
+  """
+  b, t = positions_bt.shape
+  valid_bt = positions_bt >= 0
+  blk_bt = jnp.where(valid_bt, positions_bt // block_size, 0)
+  tok_btl = blk_bt[..., None] * block_size + jnp.arange(block_size)
+  rows = jnp.arange(b)[:, None, None]
+  k_btlkd = k_bskd[rows, tok_btl]
+  mean_btkd = reference._masked_block_mean(k_btlkd, tok_btl < lengths_b[:, None, None])
+  n = block_keys_bnkd.shape[1]
+  idx = _drop_invalid(blk_bt, valid_bt, n)
+  return block_keys_bnkd.at[jnp.arange(b)[:, None], idx].set(
+      mean_btkd.astype(block_keys_bnkd.dtype), mode="drop")
+
+
+def reset_sequences(cache: dict, reset_b) -> dict:
+  """Empties the sequences where `reset_b` is True (a slot taking a new task)."""
+  def reset_layer(layer):
+    if "pos" not in layer:  # Full caches are masked by position; only rings need clearing.
+      return layer
+    return dict(layer, pos=jnp.where(reset_b[:, None], -1, layer["pos"]))
+  return {"lengths": jnp.where(reset_b, 0, cache["lengths"]),
+          "layers": tuple(reset_layer(l) for l in cache["layers"])}
+
+
+def gather_sequences(cache: dict, index_b) -> dict:
+  """A cache whose row i is row index_b[i] of `cache` (e.g. one prompt copied G times)."""
+  return jax.tree.map(lambda x: x[index_b], cache)
+
+
+def scatter_sequences(cache: dict, dst_b, src: dict) -> dict:
+  """Writes the rows of `src` into rows `dst_b` of `cache`."""
+  return jax.tree.map(lambda x, y: x.at[dst_b].set(y), cache, src)

@@ -1,0 +1,184 @@
+"""Sparse MoE feed-forward: top-k routing, dropless ragged_dot dispatch, replay.
+
+Routing (router in float32, at HIGHEST matmul precision so TPUs do not drop to bf16):
+  logits_bte = x @ w_router_de
+  scores     = softmax(logits) | sigmoid(logits)          (spec.gate)
+  experts    = top_k(scores + stop_gradient(routing_bias_e))  or the forced ones (replay)
+  gates      = scores[experts], renormalised to sum 1 if spec.renormalize
+The routing bias only moves the selection, never the gate values, so it gets no gradient;
+the learner updates it outside the gradient with `update_routing_bias`.
+
+Routing replay (R3, "Keep Routing"): `forced_experts_btk` (recorded by the sampler in
+aux['experts']) replaces the top-k, while the gates still come from the current router,
+so the router keeps learning and the learner's forward takes the sampler's expert paths.
+
+Dispatch is dropless: the N*k token-expert assignments are sorted by expert (stable),
+and each expert's SwiGLU runs on its contiguous rows via `jax.lax.ragged_dot`. No
+capacity, no dropped token; an expert with zero rows is just an empty group.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from agentic_rl.model.config import ModelSpec
+from agentic_rl.model.feedforward import DenseFeedForward, fan_in_init
+
+# Stacked [E, in, out] expert weights: fan-in is the `in` axis, E is a batch axis.
+expert_init = jax.nn.initializers.variance_scaling(
+    1.0, "fan_in", "truncated_normal", in_axis=-2, out_axis=-1, batch_axis=(0,))
+
+
+def router_scores(logits_bte: jax.Array, gate: str) -> jax.Array:
+  """Per-expert scores from float32 router logits."""
+  if gate == "softmax":
+    return jax.nn.softmax(logits_bte, axis=-1)
+  if gate == "sigmoid":
+    return jax.nn.sigmoid(logits_bte)
+  raise ValueError(f"gate={gate!r}: expected 'softmax' or 'sigmoid'.")
+
+
+def update_routing_bias(bias_e: jax.Array, expert_load_e: jax.Array,
+                        rate: float) -> jax.Array:
+  """Aux-loss-free balancing step (DeepSeek-V3): bias += rate * sign(mean_load - load).
+
+  Under-loaded experts get a higher bias (picked more often), over-loaded ones a lower.
+  The learner applies this outside the gradient, once per step, to every MoE layer's
+  'routing_bias_e' with that layer's aux['expert_load'] (averaged over the global
+  batch, e.g. pmean across data-parallel devices, so every replica stays identical).
+  An all-zero load (no valid token) leaves the bias unchanged.
+  """
+  load = expert_load_e.astype(jnp.float32)
+  step = rate * jnp.sign(jnp.mean(load) - load)
+  return (bias_e.astype(jnp.float32) + step).astype(bias_e.dtype)
+
+
+def _routed_swiglu(x_ad: jax.Array, w_gate_edf: jax.Array, w_up_edf: jax.Array,
+                   w_down_efd: jax.Array, group_sizes_e: jax.Array) -> jax.Array:
+  """SwiGLU of each row by its expert; rows sorted by expert, group_sizes_e rows each."""
+  gate_af = jax.lax.ragged_dot(x_ad, w_gate_edf, group_sizes_e)
+  up_af = jax.lax.ragged_dot(x_ad, w_up_edf, group_sizes_e)
+  return jax.lax.ragged_dot(jax.nn.silu(gate_af) * up_af, w_down_efd, group_sizes_e)
+
+
+class MoEFeedForward(nn.Module):
+  """Routed experts (+ optional shared experts) for one MoE layer.
+
+  Params: w_router_de [D, E]; routing_bias_e [E] (float32, only if use_routing_bias);
+  w_gate_edf, w_up_edf [E, D, F]; w_down_efd [E, F, D]; shared_experts/ (a
+  DenseFeedForward with d_ff = num_shared_experts * d_ff_expert) if num_shared_experts.
+  """
+
+  spec: ModelSpec
+
+  @nn.compact
+  def __call__(self, x_btd: jax.Array, valid_bt: jax.Array,
+               forced_experts_btk: jax.Array | None = None) -> tuple[jax.Array, dict]:
+    """Returns (y_btd, aux).
+
+    valid_bt: bool [B, T], False on padding; padding is excluded from the load
+      statistics and the aux loss (its output is finite but meaningless).
+    forced_experts_btk: int [B, T, k] experts to use instead of the top-k (replay);
+      values must lie in [0, num_experts) (an out-of-range id gives NaN gates).
+    aux: 'experts' int32 [B,T,k] (used experts), 'gates' float32 [B,T,k],
+      'expert_load' float32 [E] (fraction of valid assignments per expert),
+      'aux_loss' float32 [] (coef * E * sum_e f_e * P_e over valid tokens).
+    """
+    s = self.spec
+    num_experts, k, d_ff = s.num_experts, s.num_experts_per_token, s.d_ff_expert
+    if num_experts <= 0:
+      raise ValueError(f"MoEFeedForward needs spec.num_experts > 0, got {num_experts}.")
+    if x_btd.ndim != 3 or x_btd.shape[-1] != s.d_model:
+      raise ValueError(f"MoEFeedForward: x_btd has shape {x_btd.shape}; expected "
+                       f"[B, T, d_model={s.d_model}].")
+    b, t, d = x_btd.shape
+    if valid_bt.shape != (b, t):
+      raise ValueError(f"MoEFeedForward: valid_bt has shape {valid_bt.shape}; expected "
+                       f"{(b, t)} to match x_btd.")
+    if forced_experts_btk is not None:
+      if forced_experts_btk.shape != (b, t, k):
+        raise ValueError(f"MoEFeedForward: forced_experts_btk has shape "
+                         f"{forced_experts_btk.shape}; expected {(b, t, k)} "
+                         f"(k = num_experts_per_token).")
+      if not jnp.issubdtype(forced_experts_btk.dtype, jnp.integer):
+        raise ValueError(f"MoEFeedForward: forced_experts_btk has dtype "
+                         f"{forced_experts_btk.dtype}; expected an integer dtype.")
+    dtype, param_dtype = jnp.dtype(s.dtype), jnp.dtype(s.param_dtype)
+
+    # --- Router (float32). ---
+    w_router_de = self.param("w_router_de", fan_in_init, (d, num_experts), param_dtype)
+    logits_bte = jnp.einsum("btd,de->bte", x_btd.astype(jnp.float32),
+                            w_router_de.astype(jnp.float32),
+                            precision=jax.lax.Precision.HIGHEST)
+    scores_bte = router_scores(logits_bte, s.gate)
+    bias_e = None
+    if s.use_routing_bias:
+      # float32 always: rate-1e-3 steps would vanish in a bf16 bias. Created under
+      # replay too, so both paths share one param tree.
+      bias_e = self.param("routing_bias_e", nn.initializers.zeros, (num_experts,),
+                          jnp.float32)
+    if forced_experts_btk is not None:
+      experts_btk = forced_experts_btk.astype(jnp.int32)
+    else:
+      selection_bte = scores_bte
+      if bias_e is not None:
+        selection_bte = scores_bte + jax.lax.stop_gradient(bias_e)
+      _, experts_btk = jax.lax.top_k(jax.lax.stop_gradient(selection_bte), k)
+      experts_btk = experts_btk.astype(jnp.int32)
+    gates_btk = jnp.take_along_axis(scores_bte, experts_btk, axis=-1, mode="clip")
+    # A forced id outside [0, E) would silently wrap or clip: make it NaN instead.
+    in_range_btk = (experts_btk >= 0) & (experts_btk < num_experts)
+    gates_btk = jnp.where(in_range_btk, gates_btk, jnp.nan)
+    if s.renormalize:
+      gates_btk = gates_btk / jnp.maximum(gates_btk.sum(-1, keepdims=True),
+                                          jnp.finfo(jnp.float32).tiny)
+
+    # --- Dropless dispatch: sort assignments by expert, ragged_dot, unsort. ---
+    n = b * t
+    x_nd = x_btd.reshape(n, d).astype(dtype)
+    experts_a = experts_btk.reshape(n * k)
+    order_a = jnp.argsort(experts_a, stable=True)
+    group_sizes_e = jnp.bincount(experts_a, length=num_experts).astype(jnp.int32)
+    w_gate_edf = self.param("w_gate_edf", expert_init, (num_experts, d, d_ff), param_dtype)
+    w_up_edf = self.param("w_up_edf", expert_init, (num_experts, d, d_ff), param_dtype)
+    w_down_efd = self.param("w_down_efd", expert_init, (num_experts, d_ff, d), param_dtype)
+    y_sorted_ad = _routed_swiglu(x_nd[order_a // k], w_gate_edf.astype(dtype),
+                                 w_up_edf.astype(dtype), w_down_efd.astype(dtype),
+                                 group_sizes_e)
+    inverse_a = jnp.argsort(order_a)  # sorted position of each assignment
+    y_nkd = y_sorted_ad[inverse_a].reshape(n, k, d)
+    # Combine the k expert outputs in float32, then return to the compute dtype.
+    y_nd = jnp.einsum("nkd,nk->nd", y_nkd.astype(jnp.float32), gates_btk.reshape(n, k),
+                      precision=jax.lax.Precision.HIGHEST)
+    y_btd = y_nd.reshape(b, t, d).astype(dtype)
+
+    if s.num_shared_experts > 0:
+      shared = DenseFeedForward(d_ff=s.num_shared_experts * d_ff, dtype=dtype,
+                                param_dtype=param_dtype, name="shared_experts")
+      y_btd = y_btd + shared(x_btd)
+
+    # --- Load statistics and the Switch load-balancing loss, valid tokens only. ---
+    valid_n = valid_bt.reshape(n).astype(jnp.float32)
+    num_valid = valid_n.sum()
+    assign_counts_e = jnp.bincount(experts_a, weights=jnp.repeat(valid_n, k),
+                                   length=num_experts)
+    expert_load_e = assign_counts_e / jnp.maximum(num_valid * k, 1.0)
+    if s.aux_loss_coef != 0.0:
+      probs_ne = scores_bte.reshape(n, num_experts)
+      if s.gate == "sigmoid":
+        probs_ne = probs_ne / probs_ne.sum(-1, keepdims=True)
+      mean_prob_e = (probs_ne * valid_n[:, None]).sum(0) / jnp.maximum(num_valid, 1.0)
+      aux_loss = s.aux_loss_coef * num_experts * jnp.sum(
+          jax.lax.stop_gradient(expert_load_e) * mean_prob_e)
+    else:
+      aux_loss = jnp.zeros((), jnp.float32)
+
+    aux = {
+        "experts": experts_btk,
+        "gates": gates_btk.astype(jnp.float32),
+        "expert_load": expert_load_e.astype(jnp.float32),
+        "aux_loss": aux_loss.astype(jnp.float32),
+    }
+    return y_btd, aux

@@ -1,0 +1,151 @@
+"""The decoder and its one forward, shared by training, prefill and decode.
+
+    model = Model(spec)
+    params = model.init(rng)
+    logits_btv, new_cache, aux = model.forward(params, tokens_bt, positions_bt,
+                                               cache=None, replay=None)
+
+* Training: full sequences, `cache=None`, positions 0..T-1 (-1 on padding).
+* Prefill: a chunk of each sequence's next positions into `cache`.
+* Decode: one token per sequence, at position `cache["lengths"]`
+  (-1 for a slot that sits this step out).
+
+`aux["layers"][i]` holds what layer i chose: "experts" [B, T, k] for MoE
+layers and "blocks" [B, K, T, n] for sparse layers. Passed back as `replay`
+(the same tuple, any subset of entries), they force the same routing and
+block selection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from agentic_rl.model import cache as cache_lib
+from agentic_rl.model import moe as moe_lib
+from agentic_rl.model.attention import Attention
+from agentic_rl.model.config import ModelSpec
+from agentic_rl.model.feedforward import DenseFeedForward
+
+Replay = tuple[dict[str, jax.Array], ...]
+
+
+class Block(nn.Module):
+  spec: ModelSpec
+  index: int
+
+  @nn.compact
+  def __call__(self, x_btd, positions_bt, layer_cache, lengths_b, replay):
+    spec = self.spec
+    layer_type = spec.layer_types[self.index]
+    replay = replay or {}
+    h = nn.RMSNorm(epsilon=spec.norm_eps, dtype=spec.dtype, param_dtype=spec.param_dtype,
+                   name="attn_norm")(x_btd)
+    attn_out, new_cache, aux = Attention(spec, layer_type, name="attn")(
+        h, positions_bt, layer_cache, lengths_b, replay.get("blocks"))
+    x_btd = x_btd + attn_out
+    h = nn.RMSNorm(epsilon=spec.norm_eps, dtype=spec.dtype, param_dtype=spec.param_dtype,
+                   name="ffn_norm")(x_btd)
+    moe_loss = jnp.float32(0.0)
+    if spec.is_moe_layer(self.index):
+      ffn_out, moe_aux = moe_lib.MoEFeedForward(spec, name="moe")(
+          h, positions_bt >= 0, replay.get("experts"))
+      aux["experts"] = moe_aux["experts"]
+      aux["expert_load"] = moe_aux["expert_load"]
+      moe_loss = moe_aux["aux_loss"]
+    else:
+      ffn_out = DenseFeedForward(spec.d_ff, spec.dtype, spec.param_dtype, name="ffn")(h)
+    return x_btd + ffn_out, new_cache, aux, moe_loss
+
+
+class Transformer(nn.Module):
+  spec: ModelSpec
+
+  @nn.compact
+  def __call__(self, tokens_bt, positions_bt, cache=None, replay=None):
+    spec = self.spec
+    embed = nn.Embed(spec.vocab_size, spec.d_model, dtype=spec.dtype,
+                     param_dtype=spec.param_dtype,
+                     embedding_init=nn.initializers.normal(stddev=1.0), name="embed")
+    x_btd = embed(tokens_bt)
+    lengths_b = None
+    if cache is not None:
+      lengths_b = cache_lib.new_lengths(cache["lengths"], positions_bt)
+    new_layer_caches, layer_aux = [], []
+    moe_loss = jnp.float32(0.0)
+    for i in range(spec.num_layers):
+      x_btd, layer_cache, aux, loss = Block(spec, i, name=f"layer_{i}")(
+          x_btd, positions_bt, None if cache is None else cache["layers"][i], lengths_b,
+          None if replay is None else replay[i])
+      new_layer_caches.append(layer_cache)
+      layer_aux.append(aux)
+      moe_loss = moe_loss + loss
+    x_btd = nn.RMSNorm(epsilon=spec.norm_eps, dtype=spec.dtype, param_dtype=spec.param_dtype,
+                       name="final_norm")(x_btd)
+    if spec.tie_embeddings:
+      logits_btv = embed.attend(x_btd)
+    else:
+      logits_btv = nn.Dense(spec.vocab_size, use_bias=False, dtype=spec.dtype,
+                            param_dtype=spec.param_dtype, name="unembed")(x_btd)
+    aux = {"layers": tuple(layer_aux), "moe_aux_loss": moe_loss}
+    if spec.value_head:
+      # The critic shares the trunk: one linear read-out of the final hidden state.
+      aux["values"] = nn.Dense(1, dtype=jnp.float32, param_dtype=spec.param_dtype,
+                               kernel_init=nn.initializers.zeros,
+                               name="value_head")(x_btd.astype(jnp.float32))[..., 0]
+    new_cache = None
+    if cache is not None:
+      new_cache = {"lengths": lengths_b, "layers": tuple(new_layer_caches)}
+    return logits_btv.astype(jnp.float32), new_cache, aux
+
+
+class Model:
+  """A `ModelSpec` bound to its pure functions. Holds no weights."""
+
+  def __init__(self, spec: ModelSpec):
+    self.spec = spec
+    self.module = Transformer(spec)
+
+  def init(self, rng: jax.Array) -> dict[str, Any]:
+    tokens = jnp.zeros((1, self.spec.block_size), jnp.int32)
+    positions = jnp.arange(self.spec.block_size, dtype=jnp.int32)[None]
+    return self.module.init(rng, tokens, positions)["params"]
+
+  def forward(self, params, tokens_bt, positions_bt, cache=None, replay: Replay | None = None):
+    if replay is not None and len(replay) != self.spec.num_layers:
+      raise ValueError(f"replay has {len(replay)} layer entries; the model has "
+                       f"{self.spec.num_layers} layers.")
+    return self.module.apply({"params": params}, tokens_bt, positions_bt, cache, replay)
+
+  def init_cache(self, batch_size: int, max_len: int | None = None) -> dict:
+    return cache_lib.init_cache(self.spec, batch_size, max_len)
+
+  def param_shapes(self) -> dict[str, Any]:
+    """Parameter shapes and dtypes without allocating any weight."""
+    return jax.eval_shape(self.init, jax.random.key(0))
+
+
+def replay_from_aux(aux: dict, *, experts: bool = True, blocks: bool = True) -> Replay:
+  """The replay tuple that forces a forward's recorded routing and/or block selection."""
+  keys = ([] if not experts else ["experts"]) + ([] if not blocks else ["blocks"])
+  return tuple({k: layer[k] for k in keys if k in layer} for layer in aux["layers"])
+
+
+def update_routing_biases(params: dict, aux: dict, rate: float) -> dict:
+  """Aux-loss-free balancing: nudges each MoE layer's routing bias toward even load.
+
+  Applied by the learner outside the gradient, after each update.
+  """
+  params = dict(params)
+  for i, layer_aux in enumerate(aux["layers"]):
+    name = f"layer_{i}"
+    moe_params = params.get(name, {}).get("moe", {})
+    if "expert_load" not in layer_aux or "routing_bias_e" not in moe_params:
+      continue
+    new_moe = dict(moe_params, routing_bias_e=moe_lib.update_routing_bias(
+        moe_params["routing_bias_e"], layer_aux["expert_load"], rate))
+    params[name] = dict(params[name], moe=new_moe)
+  return params

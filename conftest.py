@@ -1,0 +1,1 @@
+"""Puts the repository root on sys.path so tests import agentic_rl, kernels, configs, launch."""

@@ -1,0 +1,163 @@
+"""Pure-jnp reference attention ops: the contract every fast kernel implements.
+
+Shapes: B batch, T queries, S keys, H query heads, K kv heads (H = K * G),
+D head dim, N key blocks, n selected blocks per query group.
+
+Positions, not indices, decide visibility: a key at position p_k is visible
+to a query at p_q when 0 <= p_k <= p_q (and p_q - p_k < W for a window).
+Position -1 marks padding; a query that sees no key gets a zero output, never
+NaN, so padded rows stay finite under autodiff.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_NEG_INF = -jnp.inf
+
+
+def _group_queries(q_bthd, num_kv_heads):
+  b, t, h, d = q_bthd.shape
+  return q_bthd.reshape(b, t, num_kv_heads, h // num_kv_heads, d)
+
+
+def masked_attention(q_bthd, k_bshd, v_bshd, mask_bts):
+  """Grouped-query softmax attention with an explicit [B, T, S] mask.
+
+  Softmax runs in float32. Rows with no visible key return zeros.
+  """
+  b, t, h, d = q_bthd.shape
+  num_kv_heads = k_bshd.shape[2]
+  q_btkgd = _group_queries(q_bthd, num_kv_heads).astype(jnp.float32)
+  k_bskd = k_bshd.astype(jnp.float32)
+  v_bskd = v_bshd.astype(jnp.float32)
+  scores_bkgts = jnp.einsum("btkgd,bskd->bkgts", q_btkgd, k_bskd) / jnp.sqrt(jnp.float32(d))
+  mask_b11ts = mask_bts[:, None, None, :, :]
+  p_bkgts = safe_softmax(scores_bkgts, mask_b11ts)
+  o_btkgd = jnp.einsum("bkgts,bskd->btkgd", p_bkgts, v_bskd)
+  return o_btkgd.reshape(b, t, h, d).astype(q_bthd.dtype)
+
+
+def safe_softmax(scores, mask):
+  """Softmax over the last axis restricted to `mask`; all-masked rows give zeros."""
+  scores = jnp.where(mask, scores, _NEG_INF)
+  row_max = jnp.max(scores, axis=-1, keepdims=True)
+  row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+  p = jnp.where(mask, jnp.exp(scores - jax.lax.stop_gradient(row_max)), 0.0)
+  denom = jnp.sum(p, axis=-1, keepdims=True)
+  return p / jnp.where(denom > 0, denom, 1.0)
+
+
+def visibility_mask(q_pos_bt, k_pos_bs, window=None):
+  """[B, T, S] causal visibility by position, optionally within a window."""
+  q = q_pos_bt[:, :, None]
+  k = k_pos_bs[:, None, :]
+  mask = (k >= 0) & (q >= 0) & (k <= q)
+  if window is not None:
+    mask &= (q - k) < window
+  return mask
+
+
+def causal_attention(q_bthd, k_bshd, v_bshd, q_pos_bt, k_pos_bs):
+  """Dense causal attention (F layers)."""
+  return masked_attention(q_bthd, k_bshd, v_bshd, visibility_mask(q_pos_bt, k_pos_bs))
+
+
+def sliding_window_attention(q_bthd, k_bshd, v_bshd, q_pos_bt, k_pos_bs, *, window):
+  """Causal attention restricted to the last `window` positions (S layers)."""
+  return masked_attention(q_bthd, k_bshd, v_bshd,
+                          visibility_mask(q_pos_bt, k_pos_bs, window=window))
+
+
+def block_means(k_bshd, lengths_b, *, block_size):
+  """Mean key of every block of a position-indexed key buffer -> [B, N, K, D].
+
+  Only positions below the sequence's length count; an empty block's mean is 0.
+  This is the indexer's block summary (mean pooling).
+  """
+  b, s, k, d = k_bshd.shape
+  n = s // block_size
+  valid_bs = jnp.arange(s)[None, :] < lengths_b[:, None]
+  return _masked_block_mean(k_bshd.reshape(b, n, block_size, k, d),
+                            valid_bs.reshape(b, n, block_size))
+
+
+def _masked_block_mean(k_bnlkd, valid_bnl):
+  w = valid_bnl.astype(jnp.float32)[..., None, None]
+  total = jnp.sum(k_bnlkd.astype(jnp.float32) * w, axis=2)
+  count = jnp.sum(w, axis=2)
+  return total / jnp.maximum(count, 1.0)
+
+
+def block_scores(q_bthd, block_keys_bnkd, q_pos_bt, *, block_size):
+  """Indexer scores [B, K, T, N] of every key block for every query group.
+
+  Scoring rule: the group's mean query dotted with the block's mean key,
+  scaled by 1/sqrt(D). Past blocks keep their score, the query's own block
+  scores +inf (always selected), future blocks -inf (never selected).
+  """
+  num_kv_heads = block_keys_bnkd.shape[2]
+  d = q_bthd.shape[-1]
+  q_btkd = jnp.mean(_group_queries(q_bthd, num_kv_heads).astype(jnp.float32), axis=3)
+  scores = jnp.einsum("btkd,bnkd->bktn", q_btkd,
+                      block_keys_bnkd.astype(jnp.float32)) / jnp.sqrt(jnp.float32(d))
+  own_bt = jnp.where(q_pos_bt >= 0, q_pos_bt // block_size, -1)
+  blk = jnp.arange(block_keys_bnkd.shape[1])
+  own = own_bt[:, None, :, None]
+  scores = jnp.where(blk < own, scores, _NEG_INF)
+  return jnp.where(blk == own, jnp.inf, scores)
+
+
+def select_blocks(q_bthd, block_keys_bnkd, q_pos_bt, *, block_size, num_selected):
+  """Top-n block indices [B, K, T, n] per query group; -1 marks an unused slot.
+
+  A slot is unused when the query has fewer than n visible blocks (its own
+  block and the ones before it). Selection stays in XLA (lax.top_k): no
+  Pallas backend lowers top-k.
+  """
+  scores_bktn = block_scores(q_bthd, block_keys_bnkd, q_pos_bt, block_size=block_size)
+  num_blocks = scores_bktn.shape[-1]
+  n = min(num_selected, num_blocks)
+  _, idx = jax.lax.top_k(scores_bktn, n)
+  own = jnp.where(q_pos_bt >= 0, q_pos_bt // block_size, -1)[:, None, :, None]
+  idx = jnp.where(idx <= own, idx, -1).astype(jnp.int32)
+  if n < num_selected:
+    pad = jnp.full(idx.shape[:-1] + (num_selected - n,), -1, jnp.int32)
+    idx = jnp.concatenate([idx, pad], axis=-1)
+  return idx
+
+
+def block_sparse_attention(q_bthd, k_bshd, v_bshd, blocks_bktn, q_pos_bt, *, block_size):
+  """Attention of each query group over the tokens of its selected blocks only.
+
+  k_bshd / v_bshd are position-indexed buffers (key at index s has position s).
+  Causality inside a block is kept by position; block index -1 is skipped.
+  """
+  b, t, h, d = q_bthd.shape
+  num_kv_heads = k_bshd.shape[2]
+  n = blocks_bktn.shape[-1]
+  offs = jnp.arange(block_size)
+  tok_bktl = (jnp.maximum(blocks_bktn, 0)[..., None] * block_size + offs).reshape(
+      b, num_kv_heads, t, n * block_size)
+  valid_bktl = jnp.repeat(blocks_bktn >= 0, block_size, axis=-1)
+  valid_bktl &= tok_bktl <= q_pos_bt[:, None, :, None]
+  k_bksd = jnp.swapaxes(k_bshd, 1, 2).astype(jnp.float32)
+  v_bksd = jnp.swapaxes(v_bshd, 1, 2).astype(jnp.float32)
+  gather = jax.vmap(jax.vmap(lambda kv_sd, idx_tl: kv_sd[idx_tl]))  # over B, K
+  k_bktld = gather(k_bksd, tok_bktl)
+  v_bktld = gather(v_bksd, tok_bktl)
+  q_bkgtd = jnp.transpose(_group_queries(q_bthd, num_kv_heads), (0, 2, 3, 1, 4)).astype(
+      jnp.float32)
+  scores = jnp.einsum("bkgtd,bktld->bkgtl", q_bkgtd, k_bktld) / jnp.sqrt(jnp.float32(d))
+  p = safe_softmax(scores, valid_bktl[:, :, None])
+  o_bkgtd = jnp.einsum("bkgtl,bktld->bkgtd", p, v_bktld)
+  return jnp.transpose(o_bkgtd, (0, 3, 1, 2, 4)).reshape(b, t, h, d).astype(q_bthd.dtype)
+
+
+def blocks_to_token_mask(blocks_bktn, q_pos_bt, num_keys, *, block_size):
+  """The [B, K, T, S] token mask that a block selection implies (for tests/metrics)."""
+  blk_s = jnp.arange(num_keys) // block_size
+  hit = (blocks_bktn[..., None] == blk_s) & (blocks_bktn[..., None] >= 0)
+  mask = jnp.any(hit, axis=-2)
+  return mask & (jnp.arange(num_keys) <= q_pos_bt[:, None, :, None])

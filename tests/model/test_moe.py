@@ -1,0 +1,462 @@
+"""MoE feed-forward against an independent numpy float64 loop over experts.
+
+Tolerances (fp32 model vs float64 reference): outputs atol 1e-5, gates/aux atol 1e-6.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentic_rl.model.config import default_model_config, validate
+from agentic_rl.model.feedforward import DenseFeedForward
+from agentic_rl.model.moe import MoEFeedForward, update_routing_bias
+
+B, T, D = 2, 5, 16
+E, K, F = 8, 2, 12
+
+
+def make_spec(**moe_overrides):
+  c = default_model_config()
+  c.d_model = D
+  c.moe.num_experts = E
+  c.moe.num_experts_per_token = K
+  c.moe.d_ff_expert = F
+  c.moe.num_shared_experts = 0
+  for name, value in moe_overrides.items():
+    if name in ("dtype", "param_dtype"):
+      c[name] = value
+    else:
+      c.moe[name] = value
+  return validate(c)
+
+
+def init_moe(spec, seed=0, b=B, t=T):
+  kx, kp = jax.random.split(jax.random.PRNGKey(seed))
+  x = jax.random.normal(kx, (b, t, spec.d_model), jnp.float32)
+  valid = jnp.ones((b, t), bool)
+  module = MoEFeedForward(spec)
+  params = module.init(kp, x, valid)
+  return module, params, x, valid
+
+
+# ---------------------------------------------------------------- numpy reference
+
+
+def np_silu(z):
+  return z / (1.0 + np.exp(-z))
+
+
+def np_swiglu(x_nd, w_gate_df, w_up_df, w_down_fd):
+  return (np_silu(x_nd @ w_gate_df) * (x_nd @ w_up_df)) @ w_down_fd
+
+
+def np_scores(x_btd, w_router_de, gate):
+  logits = np.asarray(x_btd, np.float64) @ np.asarray(w_router_de, np.float64)
+  if gate == "softmax":
+    z = np.exp(logits - logits.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+  return 1.0 / (1.0 + np.exp(-logits))
+
+
+def np_topk(sel_bte, k):
+  return np.argsort(-sel_bte, axis=-1, kind="stable")[..., :k]
+
+
+def np_moe(p, x_btd, spec, forced=None, bias=None):
+  """Naive MoE: per expert, run its SwiGLU on exactly the tokens routed to it."""
+  p = jax.tree.map(lambda a: np.asarray(a, np.float64), p)
+  x = np.asarray(x_btd, np.float64)
+  b, t, d = x.shape
+  scores = np_scores(x, p["w_router_de"], spec.gate)
+  if forced is None:
+    sel = scores if bias is None else scores + np.asarray(bias, np.float64)
+    experts = np_topk(sel, spec.num_experts_per_token)
+  else:
+    experts = np.asarray(forced)
+  gates = np.take_along_axis(scores, experts, axis=-1)
+  if spec.renormalize:
+    gates = gates / gates.sum(-1, keepdims=True)
+  x_nd = x.reshape(-1, d)
+  experts_nk = experts.reshape(b * t, -1)
+  gates_nk = gates.reshape(b * t, -1)
+  y = np.zeros_like(x_nd)
+  for e in range(spec.num_experts):
+    tok, slot = np.nonzero(experts_nk == e)
+    if tok.size == 0:
+      continue
+    out = np_swiglu(x_nd[tok], p["w_gate_edf"][e], p["w_up_edf"][e], p["w_down_efd"][e])
+    np.add.at(y, tok, gates_nk[tok, slot][:, None] * out)
+  if spec.num_shared_experts:
+    sp = p["shared_experts"]
+    y = y + np_swiglu(x_nd, sp["w_gate_df"], sp["w_up_df"], sp["w_down_fd"])
+  return y.reshape(b, t, d), experts, gates
+
+
+def np_load_and_aux(scores_bte, experts_btk, valid_bt, gate, coef):
+  num_e = scores_bte.shape[-1]
+  v = np.asarray(valid_bt, bool)
+  ex = np.asarray(experts_btk)[v]  # [n_valid, k]
+  load = np.array([(ex == e).sum() for e in range(num_e)], np.float64) / ex.size
+  probs = np.asarray(scores_bte, np.float64)[v]
+  if gate == "sigmoid":
+    probs = probs / probs.sum(-1, keepdims=True)
+  return load, coef * num_e * np.sum(load * probs.mean(0))
+
+
+# ---------------------------------------------------------------- dense FFN
+
+
+def test_dense_feedforward_matches_numpy():
+  x = jax.random.normal(jax.random.PRNGKey(1), (2, 3, D))
+  ffn = DenseFeedForward(d_ff=24)
+  params = ffn.init(jax.random.PRNGKey(2), x)
+  p = params["params"]
+  assert {k: v.shape for k, v in p.items()} == {
+      "w_gate_df": (D, 24), "w_up_df": (D, 24), "w_down_fd": (24, D)}
+  # Fan-in scaled init: std ~ 1/sqrt(fan_in) (truncated normal keeps it a bit under).
+  assert 0.5 / np.sqrt(D) < float(jnp.std(p["w_gate_df"])) < 1.5 / np.sqrt(D)
+  want = np_swiglu(np.asarray(x, np.float64).reshape(-1, D),
+                   *(np.asarray(p[n], np.float64) for n in ("w_gate_df", "w_up_df", "w_down_fd")))
+  got = ffn.apply(params, x)
+  np.testing.assert_allclose(np.asarray(got).reshape(-1, D), want, atol=1e-5)
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+@pytest.mark.parametrize("gate,renormalize,shared", [
+    ("softmax", True, 0), ("softmax", False, 1), ("sigmoid", True, 2), ("sigmoid", False, 0)])
+def test_dispatch_matches_naive_loop(gate, renormalize, shared):
+  spec = make_spec(gate=gate, renormalize=renormalize, num_shared_experts=shared)
+  module, params, x, valid = init_moe(spec, seed=3)
+  assert ("shared_experts" in params["params"]) == (shared > 0)
+  y, aux = module.apply(params, x, valid)
+  want_y, want_experts, want_gates = np_moe(params["params"], x, spec)
+  np.testing.assert_array_equal(np.asarray(aux["experts"]), want_experts)
+  np.testing.assert_allclose(np.asarray(aux["gates"]), want_gates, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(y), want_y, atol=1e-5)
+  assert aux["experts"].dtype == jnp.int32 and aux["gates"].dtype == jnp.float32
+  if renormalize:
+    np.testing.assert_allclose(np.asarray(aux["gates"]).sum(-1), 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("gate", ["softmax", "sigmoid"])
+def test_dispatch_with_idle_experts(gate):
+  """Experts 0, 2-4, 6, 7 get no tokens: leading, middle and trailing empty groups."""
+  spec = make_spec(gate=gate, num_shared_experts=1)
+  module, params, x, valid = init_moe(spec, seed=4)
+  rng = np.random.default_rng(0)
+  forced = np.stack([rng.permutation([1, 5]) for _ in range(B * T)]).reshape(B, T, K)
+  y, aux = module.apply(params, x, valid, jnp.asarray(forced, jnp.int32))
+  want_y, _, want_gates = np_moe(params["params"], x, spec, forced=forced)
+  np.testing.assert_array_equal(np.asarray(aux["experts"]), forced)
+  np.testing.assert_allclose(np.asarray(aux["gates"]), want_gates, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(y), want_y, atol=1e-5)
+  load = np.asarray(aux["expert_load"])
+  np.testing.assert_allclose(load, [0, .5, 0, 0, 0, .5, 0, 0], atol=1e-7)
+
+
+@pytest.mark.parametrize("only_expert", [0, 3, E - 1])
+def test_dispatch_all_assignments_to_one_expert(only_expert):
+  spec = make_spec(num_experts_per_token=1, renormalize=False)
+  module, params, x, valid = init_moe(spec, seed=5)
+  forced = np.full((B, T, 1), only_expert, np.int32)
+  y, aux = module.apply(params, x, valid, jnp.asarray(forced))
+  want_y, _, want_gates = np_moe(params["params"], x, spec, forced=forced)
+  np.testing.assert_allclose(np.asarray(aux["gates"]), want_gates, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(y), want_y, atol=1e-5)
+  want_load = np.zeros(E)
+  want_load[only_expert] = 1.0
+  np.testing.assert_allclose(np.asarray(aux["expert_load"]), want_load, atol=1e-7)
+
+
+def test_param_tree_layout():
+  spec = make_spec(num_shared_experts=2, use_routing_bias=True)
+  _, params, _, _ = init_moe(spec)
+  shapes = jax.tree.map(lambda a: (a.shape, str(a.dtype)), params["params"])
+  assert shapes == {
+      "w_router_de": ((D, E), "float32"),
+      "routing_bias_e": ((E,), "float32"),
+      "w_gate_edf": ((E, D, F), "float32"),
+      "w_up_edf": ((E, D, F), "float32"),
+      "w_down_efd": ((E, F, D), "float32"),
+      "shared_experts": {"w_gate_df": ((D, 2 * F), "float32"),
+                         "w_up_df": ((D, 2 * F), "float32"),
+                         "w_down_fd": ((2 * F, D), "float32")},
+  }
+  np.testing.assert_array_equal(np.asarray(params["params"]["routing_bias_e"]), 0.0)
+  _, plain, _, _ = init_moe(make_spec())
+  assert "routing_bias_e" not in plain["params"] and "shared_experts" not in plain["params"]
+
+
+def test_bad_inputs_raise_clear_errors():
+  spec = make_spec()
+  module, params, x, valid = init_moe(spec)
+  with pytest.raises(ValueError, match="valid_bt has shape"):
+    module.apply(params, x, valid[:, :-1])
+  with pytest.raises(ValueError, match="forced_experts_btk has shape"):
+    module.apply(params, x, valid, jnp.zeros((B, T, K + 1), jnp.int32))
+  with pytest.raises(ValueError, match="integer dtype"):
+    module.apply(params, x, valid, jnp.zeros((B, T, K), jnp.float32))
+  with pytest.raises(ValueError, match="d_model"):
+    module.apply(params, x[..., :-1], valid)
+  # An out-of-range forced expert must not pass silently.
+  bad = jnp.zeros((B, T, K), jnp.int32).at[0, 0, 0].set(E).at[1, 0, 1].set(-1)
+  y, aux = module.apply(params, x, valid, bad)
+  assert np.isnan(np.asarray(aux["gates"])[0, 0, 0]) and np.isnan(np.asarray(aux["gates"])[1, 0, 1])
+  assert np.isnan(np.asarray(y)).any()
+
+
+# ---------------------------------------------------------------- routing replay
+
+
+@pytest.mark.parametrize("gate", ["softmax", "sigmoid"])
+def test_routing_replay_after_router_perturbation(gate):
+  spec = make_spec(gate=gate, num_shared_experts=1)
+  module, params, x, valid = init_moe(spec, seed=6, t=8)
+  _, aux0 = module.apply(params, x, valid)
+  recorded = np.asarray(aux0["experts"])
+
+  noise = jax.random.normal(jax.random.PRNGKey(7), (D, E))
+  perturbed = jax.tree.map(lambda a: a, params)
+  perturbed["params"]["w_router_de"] = params["params"]["w_router_de"] + 0.5 * noise
+  _, aux_free = module.apply(perturbed, x, valid)
+  assert (np.asarray(aux_free["experts"]) != recorded).any(), "perturbation too small"
+
+  y, aux = module.apply(perturbed, x, valid, jnp.asarray(recorded))
+  np.testing.assert_array_equal(np.asarray(aux["experts"]), recorded)
+  # Gates by hand: perturbed router scores at the recorded experts, renormalised.
+  scores = np_scores(x, perturbed["params"]["w_router_de"], gate)
+  want_gates = np.take_along_axis(scores, recorded, axis=-1)
+  want_gates = want_gates / want_gates.sum(-1, keepdims=True)
+  np.testing.assert_allclose(np.asarray(aux["gates"]), want_gates, atol=1e-6)
+  want_y, _, _ = np_moe(perturbed["params"], x, spec, forced=recorded)
+  np.testing.assert_allclose(np.asarray(y), want_y, atol=1e-5)
+
+  # The router still learns under replay.
+  r = jax.random.normal(jax.random.PRNGKey(8), y.shape)
+
+  def loss(p):
+    y, _ = module.apply(p, x, valid, jnp.asarray(recorded))
+    return jnp.sum(y * r)
+
+  g_router = jax.grad(loss)(perturbed)["params"]["w_router_de"]
+  assert np.isfinite(np.asarray(g_router)).all()
+  assert float(jnp.abs(g_router).max()) > 1e-3
+
+
+# ---------------------------------------------------------------- load statistics
+
+
+@pytest.mark.parametrize("gate", ["softmax", "sigmoid"])
+def test_padding_excluded_from_load_and_aux_loss(gate):
+  spec = make_spec(gate=gate, aux_loss_coef=0.1)
+  module, params, x, _ = init_moe(spec, seed=9, t=7)
+  valid = jnp.asarray(np.array([[1, 1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0]], bool))
+  y, aux = module.apply(params, x, valid)
+  scores = np_scores(x, params["params"]["w_router_de"], gate)
+  want_load, want_aux = np_load_and_aux(scores, aux["experts"], valid, gate, 0.1)
+  np.testing.assert_allclose(np.asarray(aux["expert_load"]), want_load, atol=1e-6)
+  np.testing.assert_allclose(float(aux["aux_loss"]), want_aux, rtol=1e-5)
+  assert abs(float(aux["expert_load"].sum()) - 1.0) < 1e-6
+  assert np.isfinite(np.asarray(y)).all()
+  # Whatever the padding holds, the statistics are unchanged.
+  x_junk = jnp.where(valid[..., None], x, 100.0 * jax.random.normal(jax.random.PRNGKey(1), x.shape))
+  _, aux_junk = module.apply(params, x_junk, valid)
+  np.testing.assert_allclose(np.asarray(aux_junk["expert_load"]), want_load, atol=1e-6)
+  np.testing.assert_allclose(float(aux_junk["aux_loss"]), want_aux, rtol=1e-5)
+  # With no valid token: zero load, zero loss, no NaN.
+  _, aux_none = module.apply(params, x, jnp.zeros_like(valid))
+  np.testing.assert_array_equal(np.asarray(aux_none["expert_load"]), 0.0)
+  assert float(aux_none["aux_loss"]) == 0.0
+
+
+def test_aux_loss_hand_computed_example():
+  """E=4, k=1, softmax, 3 tokens, router logits set by hand through x = identity rows."""
+  c = default_model_config()
+  c.d_model, c.moe.num_experts, c.moe.num_experts_per_token = 4, 4, 1
+  c.moe.num_shared_experts, c.moe.aux_loss_coef = 0, 0.5
+  spec = validate(c)
+  module = MoEFeedForward(spec)
+  x = jnp.eye(4)[None, :3]  # token i reads router row i
+  valid = jnp.ones((1, 3), bool)
+  params = module.init(jax.random.PRNGKey(0), x, valid)
+  logits = np.array([[2.0, 0.0, 0.0, 0.0],
+                     [0.0, 0.0, np.log(3.0), 0.0],
+                     [0.0, np.log(2.0), 0.0, 0.0],
+                     [0.0, 0.0, 0.0, 0.0]], np.float32)
+  params["params"]["w_router_de"] = jnp.asarray(logits)
+  _, aux = module.apply(params, x, valid)
+  np.testing.assert_array_equal(np.asarray(aux["experts"])[0, :, 0], [0, 2, 1])
+  # f = [1/3, 1/3, 1/3, 0]; softmax rows:
+  #   t0: [e^2, 1, 1, 1] / (e^2 + 3); t1: [1, 1, 3, 1] / 6; t2: [1, 2, 1, 1] / 5.
+  e2 = np.exp(2.0)
+  p0 = np.array([e2, 1, 1, 1]) / (e2 + 3)
+  p1 = np.array([1, 1, 3, 1]) / 6
+  p2 = np.array([1, 2, 1, 1]) / 5
+  mean_p = (p0 + p1 + p2) / 3
+  want = 0.5 * 4 * (mean_p[0] + mean_p[1] + mean_p[2]) / 3
+  np.testing.assert_allclose(float(aux["aux_loss"]), want, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(aux["expert_load"]), [1 / 3, 1 / 3, 1 / 3, 0], atol=1e-7)
+  # Balanced routing with uniform probabilities gives exactly coef * 1.
+  params["params"]["w_router_de"] = jnp.zeros((4, 4))
+  _, aux_u = module.apply(params, x, valid)
+  np.testing.assert_allclose(float(aux_u["aux_loss"]), 0.5, rtol=1e-6)
+  # Coefficient 0 turns it off.
+  spec0 = spec.replace(aux_loss_coef=0.0)
+  _, aux0 = MoEFeedForward(spec0).apply(params, x, valid)
+  assert float(aux0["aux_loss"]) == 0.0
+
+
+def test_aux_loss_gradient_reaches_router_only_through_probabilities():
+  spec = make_spec(aux_loss_coef=1.0)
+  module, params, x, valid = init_moe(spec, seed=10)
+
+  def aux_loss(p):
+    return module.apply(p, x, valid)[1]["aux_loss"]
+
+  g = jax.grad(aux_loss)(params)["params"]
+  assert float(jnp.abs(g["w_router_de"]).max()) > 0
+  for name in ("w_gate_edf", "w_up_edf", "w_down_efd"):
+    np.testing.assert_array_equal(np.asarray(g[name]), 0.0)
+
+
+# ---------------------------------------------------------------- routing bias
+
+
+@pytest.mark.parametrize("gate", ["softmax", "sigmoid"])
+def test_routing_bias_moves_selection_not_gates(gate):
+  spec = make_spec(gate=gate, use_routing_bias=True, num_shared_experts=1)
+  module, params, x, valid = init_moe(spec, seed=11)
+  _, aux0 = module.apply(params, x, valid)
+  scores = np_scores(x, params["params"]["w_router_de"], gate)
+  np.testing.assert_array_equal(np.asarray(aux0["experts"]), np_topk(scores, K))
+
+  # Pick an expert token (0, 0) did not choose and bias it enough to win everywhere.
+  unchosen = int(np.setdiff1d(np.arange(E), np.asarray(aux0["experts"])[0, 0])[0])
+  bias = np.zeros(E, np.float32)
+  bias[unchosen] = 2.0  # scores lie in [0, 1]
+  params["params"]["routing_bias_e"] = jnp.asarray(bias)
+  y, aux = module.apply(params, x, valid)
+  experts = np.asarray(aux["experts"])
+  assert (experts == unchosen).any(-1).all()
+  assert (experts != np.asarray(aux0["experts"])).any()
+  np.testing.assert_array_equal(experts, np_topk(scores + bias, K))
+  want_y, _, want_gates = np_moe(params["params"], x, spec, bias=bias)
+  # Gates are the unbiased scores at the selected experts, renormalised.
+  gates_by_hand = np.take_along_axis(scores, experts, axis=-1)
+  gates_by_hand /= gates_by_hand.sum(-1, keepdims=True)
+  np.testing.assert_allclose(np.asarray(aux["gates"]), gates_by_hand, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(aux["gates"]), want_gates, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(y), want_y, atol=1e-5)
+
+  def loss(p):
+    y, aux = module.apply(p, x, valid)
+    return jnp.sum(y) + aux["aux_loss"]
+
+  g = jax.grad(loss)(params)["params"]
+  np.testing.assert_array_equal(np.asarray(g["routing_bias_e"]), 0.0)
+
+
+def test_update_routing_bias_hand_example():
+  bias = jnp.asarray([0.0, 0.5, -0.25, 0.0])
+  load = jnp.asarray([0.5, 0.25, 0.25, 0.0])  # mean 0.25
+  new = update_routing_bias(bias, load, 0.1)
+  np.testing.assert_allclose(np.asarray(new), [-0.1, 0.5, -0.25, 0.1], atol=1e-7)
+  assert new.dtype == bias.dtype
+  # No valid token (all-zero load) leaves the bias alone.
+  np.testing.assert_array_equal(np.asarray(update_routing_bias(bias, jnp.zeros(4), 0.1)),
+                                np.asarray(bias))
+
+
+def test_routing_bias_update_balances_load():
+  """Repeated updates on a fixed batch push a skewed router towards balance."""
+  spec = make_spec(use_routing_bias=True)
+  module, params, x, valid = init_moe(spec, seed=12, b=4, t=16)
+  params["params"]["w_router_de"] = params["params"]["w_router_de"].at[:, 0].add(1.0)
+  apply = jax.jit(module.apply)
+  load0 = np.asarray(apply(params, x, valid)[1]["expert_load"])
+  for _ in range(40):
+    load = apply(params, x, valid)[1]["expert_load"]
+    params["params"]["routing_bias_e"] = update_routing_bias(
+        params["params"]["routing_bias_e"], load, 0.01)
+  load1 = np.asarray(apply(params, x, valid)[1]["expert_load"])
+  assert load1.max() < load0.max()
+
+
+# ---------------------------------------------------------------- jit, dtype, gradients
+
+
+def test_jit_equals_no_jit():
+  spec = make_spec(gate="sigmoid", num_shared_experts=1, use_routing_bias=True,
+                   aux_loss_coef=0.01)
+  module, params, x, _ = init_moe(spec, seed=13)
+  valid = jnp.ones((B, T), bool).at[1, 3:].set(False)
+  y0, aux0 = module.apply(params, x, valid)
+  y1, aux1 = jax.jit(module.apply)(params, x, valid)
+  np.testing.assert_allclose(np.asarray(y1), np.asarray(y0), atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(aux1["experts"]), np.asarray(aux0["experts"]))
+  for name in ("gates", "expert_load", "aux_loss"):
+    np.testing.assert_allclose(np.asarray(aux1[name]), np.asarray(aux0[name]), atol=1e-6)
+
+
+def test_bfloat16_compute_stays_close_to_float32():
+  spec = make_spec(num_shared_experts=1)
+  module, params, x, valid = init_moe(spec, seed=14)
+  y32, aux32 = module.apply(params, x, valid)
+  y16, aux16 = MoEFeedForward(spec.replace(dtype="bfloat16")).apply(params, x, valid)
+  assert y16.dtype == jnp.bfloat16 and aux16["gates"].dtype == jnp.float32
+  # The router stays float32, so the routing is identical.
+  np.testing.assert_array_equal(np.asarray(aux16["experts"]), np.asarray(aux32["experts"]))
+  np.testing.assert_allclose(np.asarray(aux16["gates"]), np.asarray(aux32["gates"]), atol=1e-6)
+  scale = float(jnp.abs(y32).max())
+  np.testing.assert_allclose(np.asarray(y16, np.float32), np.asarray(y32), atol=0.05 * scale)
+
+
+def _directional_check(loss, params, key, eps=1e-3, rtol=1e-2):
+  """jax.grad against a central difference along random directions, per leaf."""
+  grads = jax.grad(loss)(params)
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(key, len(leaves))
+  for i, (leaf, g, k) in enumerate(zip(leaves, jax.tree.leaves(grads), keys)):
+    v = jax.random.normal(k, leaf.shape, leaf.dtype)
+    v = v / jnp.linalg.norm(v)
+
+    def shifted(sign):
+      new = list(leaves)
+      new[i] = leaf + sign * eps * v
+      return loss(jax.tree.unflatten(treedef, new))
+
+    fd = (float(shifted(1.0)) - float(shifted(-1.0))) / (2 * eps)
+    analytic = float(jnp.vdot(g, v))
+    assert abs(fd - analytic) <= rtol * abs(analytic) + 1e-4, (i, fd, analytic)
+
+
+@pytest.mark.parametrize("gate", ["softmax", "sigmoid"])
+def test_numerical_gradients(gate):
+  """Replay fixes the routing, so the loss is smooth in every param, router included."""
+  spec = make_spec(gate=gate, num_shared_experts=1, aux_loss_coef=0.1)
+  module, params, x, valid = init_moe(spec, seed=15, b=1, t=4)
+  forced = module.apply(params, x, valid)[1]["experts"]
+  r = jax.random.normal(jax.random.PRNGKey(16), x.shape)
+
+  @jax.jit
+  def loss(p):
+    y, aux = module.apply(p, x, valid, forced)
+    return jnp.sum(y * r) + aux["aux_loss"]
+
+  _directional_check(loss, params, jax.random.PRNGKey(17))
+
+  # Without replay the expert weights do not move the routing: check them too.
+  @jax.jit
+  def loss_free(p):
+    y, aux = module.apply(p, x, valid)
+    return jnp.sum(y * r)
+
+  experts_only = {k: v for k, v in params["params"].items() if k.endswith(("edf", "efd"))}
+
+  def loss_experts(sub):
+    return loss_free({"params": {**params["params"], **sub}})
+
+  _directional_check(loss_experts, experts_only, jax.random.PRNGKey(18))
