@@ -134,6 +134,18 @@ def replay_from_aux(aux: dict, *, experts: bool = True, blocks: bool = True) -> 
   return tuple({k: layer[k] for k in keys if k in layer} for layer in aux["layers"])
 
 
+# Time axis of each replay entry: experts [B, T, k], blocks [B, K, T, n].
+REPLAY_TIME_AXIS = {"experts": 1, "blocks": 2}
+
+
+def concat_replay_over_time(replays: list[Replay]) -> Replay:
+  """Joins the replay of consecutive chunks (prefill, decode steps) into one sequence."""
+  return tuple(
+      {key: jnp.concatenate([r[i][key] for r in replays], axis=REPLAY_TIME_AXIS[key])
+       for key in replays[0][i]}
+      for i in range(len(replays[0])))
+
+
 def update_routing_biases(params: dict, aux: dict, rate: float) -> dict:
   """Aux-loss-free balancing: nudges each MoE layer's routing bias toward even load.
 

@@ -51,12 +51,13 @@ import codecs
 import operator
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 import ml_collections
 
-SPECIAL_TOKENS: Mapping[str, str] = {
+SPECIAL_TOKENS: Mapping[str, str] = MappingProxyType({
     "pad": "<|pad|>",
     "bos": "<|bos|>",
     "eos": "<|eos|>",
@@ -67,7 +68,7 @@ SPECIAL_TOKENS: Mapping[str, str] = {
     "end_turn": "<|end_turn|>",
     "tool_call_start": "<tool_call>",
     "tool_call_end": "</tool_call>",
-}
+})
 ROLES = ("system", "user", "assistant", "tool")
 # Roles whose text is parsed for special tokens by default (see module docstring).
 _ROLES_PARSING_SPECIALS = frozenset({"system", "assistant"})
@@ -261,7 +262,8 @@ class ByteTokenizer(ChatTokenizer):
   NUM_BYTES = 256
 
   def __init__(self):
-    self._special_ids = {name: self.NUM_BYTES + i for i, name in enumerate(SPECIAL_TOKENS)}
+    self._special_ids = MappingProxyType(
+        {name: self.NUM_BYTES + i for i, name in enumerate(SPECIAL_TOKENS)})
     self._id_to_special = {i: SPECIAL_TOKENS[name] for name, i in self._special_ids.items()}
     self._string_to_id = {SPECIAL_TOKENS[name]: i for name, i in self._special_ids.items()}
     # Longest first, so no special is shadowed by a special that is its prefix.
@@ -274,7 +276,7 @@ class ByteTokenizer(ChatTokenizer):
 
   @property
   def special_ids(self) -> Mapping[str, int]:
-    return dict(self._special_ids)
+    return self._special_ids
 
   def encode(self, text: str, *, parse_special: bool = True) -> list[int]:
     if not isinstance(text, str):
@@ -354,6 +356,7 @@ class HFTokenizer(ChatTokenizer):
         raise ValueError(self._missing_special_message(name, content, added))
       self._special_ids[name] = added_ids[content]
     self._check_distinct_ids()
+    self._special_ids = MappingProxyType(self._special_ids)
     self._vocab_size = max(hf_tokenizer.get_vocab(with_added_tokens=True).values()) + 1
 
     # A clone that encodes every added token as text, for parse_special=False.
@@ -414,7 +417,7 @@ class HFTokenizer(ChatTokenizer):
 
   @property
   def special_ids(self) -> Mapping[str, int]:
-    return dict(self._special_ids)
+    return self._special_ids
 
   @property
   def special_tokens(self) -> Mapping[str, str]:

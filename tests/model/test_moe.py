@@ -32,12 +32,22 @@ def make_spec(**moe_overrides):
 
 
 def init_moe(spec, seed=0, b=B, t=T):
-  kx, kp = jax.random.split(jax.random.PRNGKey(seed))
-  x = jax.random.normal(kx, (b, t, spec.d_model), jnp.float32)
+  """Module, params, x, valid. Params are drawn in numpy from the module's own param
+  shapes (std 1/sqrt(fan_in), zero bias): compiling flax's init costs seconds on CPU,
+  and the init itself is checked once in test_param_tree_layout."""
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.standard_normal((b, t, spec.d_model)), jnp.float32)
   valid = jnp.ones((b, t), bool)
   module = MoEFeedForward(spec)
-  params = module.init(kp, x, valid)
-  return module, params, x, valid
+  shapes = jax.eval_shape(module.init, jax.random.PRNGKey(0), x, valid)
+
+  def draw(path, leaf):
+    if jax.tree_util.keystr(path).endswith("['routing_bias_e']"):
+      return jnp.zeros(leaf.shape, leaf.dtype)
+    w = rng.standard_normal(leaf.shape) / np.sqrt(leaf.shape[-2])
+    return jnp.asarray(w, leaf.dtype)
+
+  return module, jax.tree_util.tree_map_with_path(draw, shapes), x, valid
 
 
 # ---------------------------------------------------------------- numpy reference
@@ -173,7 +183,8 @@ def test_dispatch_all_assignments_to_one_expert(only_expert):
 
 def test_param_tree_layout():
   spec = make_spec(num_shared_experts=2, use_routing_bias=True)
-  _, params, _, _ = init_moe(spec)
+  module, _, x, valid = init_moe(spec)
+  params = jax.jit(module.init)(jax.random.PRNGKey(0), x, valid)
   shapes = jax.tree.map(lambda a: (a.shape, str(a.dtype)), params["params"])
   assert shapes == {
       "w_router_de": ((D, E), "float32"),
@@ -186,6 +197,9 @@ def test_param_tree_layout():
                          "w_down_fd": ((2 * F, D), "float32")},
   }
   np.testing.assert_array_equal(np.asarray(params["params"]["routing_bias_e"]), 0.0)
+  w = np.asarray(params["params"]["w_gate_edf"])
+  for e in range(E):  # fan-in scaled per expert: std ~ 1/sqrt(D)
+    assert 0.5 / np.sqrt(D) < w[e].std() < 1.5 / np.sqrt(D)
   _, plain, _, _ = init_moe(make_spec())
   assert "routing_bias_e" not in plain["params"] and "shared_experts" not in plain["params"]
 
@@ -214,7 +228,7 @@ def test_bad_inputs_raise_clear_errors():
 @pytest.mark.parametrize("gate", ["softmax", "sigmoid"])
 def test_routing_replay_after_router_perturbation(gate):
   spec = make_spec(gate=gate, num_shared_experts=1)
-  module, params, x, valid = init_moe(spec, seed=6, t=8)
+  module, params, x, valid = init_moe(spec, seed=6)
   _, aux0 = module.apply(params, x, valid)
   recorded = np.asarray(aux0["experts"])
 
@@ -241,7 +255,7 @@ def test_routing_replay_after_router_perturbation(gate):
     y, _ = module.apply(p, x, valid, jnp.asarray(recorded))
     return jnp.sum(y * r)
 
-  g_router = jax.grad(loss)(perturbed)["params"]["w_router_de"]
+  g_router = jax.jit(jax.grad(loss))(perturbed)["params"]["w_router_de"]
   assert np.isfinite(np.asarray(g_router)).all()
   assert float(jnp.abs(g_router).max()) > 1e-3
 
@@ -414,49 +428,40 @@ def test_bfloat16_compute_stays_close_to_float32():
   np.testing.assert_allclose(np.asarray(y16, np.float32), np.asarray(y32), atol=0.05 * scale)
 
 
-def _directional_check(loss, params, key, eps=1e-3, rtol=1e-2):
-  """jax.grad against a central difference along random directions, per leaf."""
+def _directional_check(loss, params, seed, eps=1e-3, rtol=1e-2):
+  """jax.grad against a central difference along a random direction, leaf by leaf.
+
+  The direction is elementwise standard normal (perturbing each weight by ~eps), so
+  the directional derivative stands well above float32 round-off in the loss."""
   grads = jax.grad(loss)(params)
   leaves, treedef = jax.tree.flatten(params)
-  keys = jax.random.split(key, len(leaves))
-  for i, (leaf, g, k) in enumerate(zip(leaves, jax.tree.leaves(grads), keys)):
-    v = jax.random.normal(k, leaf.shape, leaf.dtype)
-    v = v / jnp.linalg.norm(v)
+  rng = np.random.default_rng(seed)
+  for i, (leaf, g) in enumerate(zip(leaves, jax.tree.leaves(grads))):
+    v = jnp.asarray(rng.standard_normal(leaf.shape), leaf.dtype)
 
     def shifted(sign):
       new = list(leaves)
       new[i] = leaf + sign * eps * v
-      return loss(jax.tree.unflatten(treedef, new))
+      return float(loss(jax.tree.unflatten(treedef, new)))
 
-    fd = (float(shifted(1.0)) - float(shifted(-1.0))) / (2 * eps)
+    fd = (shifted(1.0) - shifted(-1.0)) / (2 * eps)
     analytic = float(jnp.vdot(g, v))
-    assert abs(fd - analytic) <= rtol * abs(analytic) + 1e-4, (i, fd, analytic)
+    assert abs(analytic) > 1e-2, (i, analytic)  # a real signal, not round-off
+    assert abs(fd - analytic) <= rtol * abs(analytic), (i, fd, analytic)
 
 
 @pytest.mark.parametrize("gate", ["softmax", "sigmoid"])
 def test_numerical_gradients(gate):
-  """Replay fixes the routing, so the loss is smooth in every param, router included."""
+  """Every param, expert weights and router included. Replay fixes the routing, so the
+  loss is smooth: a central difference cannot flip an expert choice."""
   spec = make_spec(gate=gate, num_shared_experts=1, aux_loss_coef=0.1)
-  module, params, x, valid = init_moe(spec, seed=15, b=1, t=4)
+  module, params, x, valid = init_moe(spec, seed=15)
   forced = module.apply(params, x, valid)[1]["experts"]
-  r = jax.random.normal(jax.random.PRNGKey(16), x.shape)
+  r = jnp.asarray(np.random.default_rng(16).standard_normal(x.shape), jnp.float32)
 
   @jax.jit
   def loss(p):
     y, aux = module.apply(p, x, valid, forced)
     return jnp.sum(y * r) + aux["aux_loss"]
 
-  _directional_check(loss, params, jax.random.PRNGKey(17))
-
-  # Without replay the expert weights do not move the routing: check them too.
-  @jax.jit
-  def loss_free(p):
-    y, aux = module.apply(p, x, valid)
-    return jnp.sum(y * r)
-
-  experts_only = {k: v for k, v in params["params"].items() if k.endswith(("edf", "efd"))}
-
-  def loss_experts(sub):
-    return loss_free({"params": {**params["params"], **sub}})
-
-  _directional_check(loss_experts, experts_only, jax.random.PRNGKey(18))
+  _directional_check(loss, params, seed=17)

@@ -1,0 +1,49 @@
+"""Target-aligned token log-probs and entropies from the model's logits.
+
+The logits at position t - 1 score token t. Everything returned here is
+target aligned ([b, t] is about tokens_bt[b, t]); column 0 has no scoring
+logits and is 0.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from agentic_rl.rl import sampling_mask as sampling_mask_lib
+
+
+def prepend_zero_column(x_b_tm1: jax.Array) -> jax.Array:
+  """[B, T-1] scores of tokens 1..T-1 -> [B, T] target aligned, 0 in column 0."""
+  return jnp.concatenate([jnp.zeros_like(x_b_tm1[:, :1]), x_b_tm1], axis=1)
+
+
+def shift_to_targets(x_bt: jax.Array) -> jax.Array:
+  """Per-position outputs (e.g. values) -> target aligned: [b, t] <- x[b, t - 1]."""
+  return prepend_zero_column(x_bt[:, :-1])
+
+
+def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array, temperature_b: jax.Array,
+                   sampling_mask_btw: jax.Array | None = None
+                   ) -> tuple[jax.Array, jax.Array]:
+  """(logp_bt, entropy_bt) of each target token under softmax(logits / temperature).
+
+  sampling_mask_btw: packed (uint8) or bool target-aligned support; outside it the
+    distribution has no mass (Keep Sampling Mask). Entropy is of that same
+    renormalised distribution. An all-zero row means "no mask" (tokens the
+    sampler did not draw). A drawn token outside its own mask gets -inf.
+  """
+  scaled_btv = logits_btv[:, :-1].astype(jnp.float32) / temperature_b[:, None, None]
+  if sampling_mask_btw is not None:
+    keep_btv = sampling_mask_btw[:, 1:]
+    if keep_btv.dtype == jnp.uint8:
+      keep_btv = sampling_mask_lib.unpack_mask(keep_btv, scaled_btv.shape[-1])
+    # An all-zero row records no truncation (prompt, environment, padding tokens).
+    keep_btv = keep_btv | ~jnp.any(keep_btv, axis=-1, keepdims=True)
+    scaled_btv = sampling_mask_lib.apply_mask_to_logits(scaled_btv, keep_btv)
+  logp_btv = jax.nn.log_softmax(scaled_btv, axis=-1)
+  target_logp_bt = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
+  probs_btv = jnp.exp(logp_btv)
+  # 0 * -inf outside the mask is 0 mass, not NaN.
+  entropy_bt = -jnp.sum(jnp.where(probs_btv > 0, probs_btv * logp_btv, 0.0), axis=-1)
+  return prepend_zero_column(target_logp_bt), prepend_zero_column(entropy_bt)
