@@ -318,6 +318,9 @@ class ByteTokenizer(ChatTokenizer):
 # Hugging Face `tokenizers` adapter.
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class HFTokenizer(ChatTokenizer):
   """A `tokenizers.Tokenizer` (tokenizer.json) behind the `Tokenizer` protocol.
 
@@ -430,10 +433,11 @@ class HFTokenizer(ChatTokenizer):
   def encode(self, text: str, *, parse_special: bool = True) -> list[int]:
     if not isinstance(text, str):
       raise TypeError(f"encode expects str, got {type(text).__name__}.")
-    for k, char in enumerate(text):
-      if "\ud800" <= char <= "\udfff":
-        raise ValueError(f"text has a lone surrogate {char!r} at index {k}; Hugging Face "
-                         "tokenizers only encode valid Unicode (use ByteTokenizer for such text).")
+    surrogate = _SURROGATE.search(text)
+    if surrogate:
+      raise ValueError(f"text has a lone surrogate {surrogate.group()!r} at index "
+                       f"{surrogate.start()}; Hugging Face tokenizers only encode valid Unicode "
+                       "(use ByteTokenizer for such text).")
     tok = self._tokenizer if parse_special else self._verbatim
     return tok.encode(text, add_special_tokens=False).ids
 

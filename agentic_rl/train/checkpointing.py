@@ -1,0 +1,68 @@
+"""Checkpoints through one orbax CheckpointManager: saved asynchronously, last N kept.
+
+A checkpoint holds three items:
+  "state":  the train-state pytree (params, optimiser state, step, RNG key data, ...);
+  "data":   the grain iterator's state, so the task stream resumes where it stopped;
+  "extras": JSON (task statistics, the stage, anything small and host-side).
+Orbax writes each step into a temporary directory and renames it when complete,
+so a run killed mid-save leaves only whole checkpoints behind.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import grain
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+
+  def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True):
+    self.directory = os.path.abspath(directory)
+    self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=True))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def save(self, step: int, state: Any, data_iterator=None, extras: dict | None = None,
+           *, force: bool = False) -> bool:
+    items = {"state": ocp.args.StandardSave(state),
+             "extras": ocp.args.JsonSave(extras or {})}
+    if data_iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+    return self._manager.save(step, args=ocp.args.Composite(**items), force=force)
+
+  def restore(self, abstract_state: Any, data_iterator=None, step: int | None = None):
+    """Restores `step` (default: the latest) into the given structure.
+
+    Returns (step, state, extras), or None when the directory holds no checkpoint.
+    The data iterator, when given, is restored in place.
+    """
+    step = self.latest_step() if step is None else step
+    if step is None:
+      return None
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
+    items = {"state": ocp.args.StandardRestore(abstract), "extras": ocp.args.JsonRestore()}
+    if data_iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+    except Exception as err:  # Name the checkpoint: a bare orbax trace does not.
+      raise RuntimeError(
+          f"could not restore checkpoint step {step} from {self.directory}: {err}. "
+          "If the config changed since it was written, start a new workdir.") from err
+    return step, restored["state"], dict(restored["extras"] or {})
+
+  def wait(self):
+    self._manager.wait_until_finished()
+
+  def close(self):
+    self._manager.wait_until_finished()
+    self._manager.close()
