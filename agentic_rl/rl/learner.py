@@ -1,0 +1,181 @@
+"""The learner's forward and its loss on one (micro-)batch.
+
+The forward takes the sampler's record as replay (per `config.rl.replay`):
+routing (R3), sparse-attention blocks, and the sampling mask (Keep Sampling
+Mask), and scores each generated token at the sampler's temperature.
+
+Loss on a micro-batch, with whole-batch denominators (objectives.LossNormalizers):
+  pg       aggregate(w_t * l_t)       l_t from ppo_clip or gspo, w_t the correction weight
+  + kl_coef * aggregate(KL_t(pi || pi_ref))
+  - entropy_coef * aggregate(H_t)
+  + value_coef * aggregate(0.5 (V_t - G_t)^2)     (gae)
+  + moe_aux_loss / num_micro_batches             (the model's load-balancing loss)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from agentic_rl.rl import advantages as adv_lib
+from agentic_rl.rl import corrections
+from agentic_rl.rl import logprobs as logprobs_lib
+from agentic_rl.rl import mismatch
+from agentic_rl.rl import objectives
+from agentic_rl.rl.batch import Batch
+from agentic_rl.rl.config import RLSpec
+
+
+def learner_replay(batch: Batch, spec: RLSpec):
+  """The subset of the batch's record that `spec` says to force, or None."""
+  keys = [k for k, on in (("experts", spec.replay_routing), ("blocks", spec.replay_blocks))
+          if on]
+  if batch.replay is None or not keys:
+    return None
+  replay = tuple({k: layer[k] for k in keys if k in layer} for layer in batch.replay)
+  return replay if any(replay) else None
+
+
+def check_replay_available(batch: Batch, spec: RLSpec, model_spec) -> None:
+  """Raises if replay is switched on but the batch lacks what it forces."""
+  moe_layers = [i for i in range(model_spec.num_layers) if model_spec.is_moe_layer(i)]
+  sparse_layers = [i for i, t in enumerate(model_spec.layer_types) if t == "G"]
+  wanted = []
+  if spec.replay_routing:
+    wanted += [(i, "experts", "config.rl.replay.routing") for i in moe_layers]
+  if spec.replay_blocks:
+    wanted += [(i, "blocks", "config.rl.replay.blocks") for i in sparse_layers]
+  for i, key, flag in wanted:
+    if batch.replay is None or key not in batch.replay[i]:
+      raise ValueError(f"{flag}=True but the batch has no replay[{i}][{key!r}]: record it "
+                       "in the sampler, or set the flag to False.")
+  if spec.replay_sampling_mask and batch.sampling_mask_btw is None:
+    raise ValueError("config.rl.replay.sampling_mask=True but the batch has no "
+                     "sampling_mask_btw: record it in the sampler (all-zero rows for "
+                     "untruncated steps), or set the flag to False.")
+
+
+def policy_outputs(model, params, batch: Batch, spec: RLSpec) -> dict[str, Any]:
+  """Forward with replay; target-aligned 'logp_bt', 'entropy_bt', 'values_bt' (or None), 'aux'."""
+  _, _, aux = out = model.forward(params, batch.tokens_bt, batch.positions_bt, cache=None,
+                                  replay=learner_replay(batch, spec))
+  logits_btv = out[0]
+  mask_w = batch.sampling_mask_btw if spec.replay_sampling_mask else None
+  logp_bt, entropy_bt = logprobs_lib.token_logprobs(logits_btv, batch.tokens_bt,
+                                                    batch.temperature_b, mask_w)
+  values_bt = None
+  if "values" in aux:
+    values_bt = logprobs_lib.shift_to_targets(aux["values"])
+  return {"logp_bt": logp_bt, "entropy_bt": entropy_bt, "values_bt": values_bt, "aux": aux}
+
+
+def with_old_policy(model, params, batch: Batch, spec: RLSpec) -> Batch:
+  """The batch with old_logp_bt (and old_values_bt) filled by the current params.
+
+  Call once before several epochs over one batch; then every epoch's ratio is
+  against the policy the batch was sampled from.
+  """
+  out = policy_outputs(model, params, batch, spec)
+  mask = batch.loss_mask_bt > 0
+  old_values = None
+  if out["values_bt"] is not None:
+    old_values = jnp.where(mask, out["values_bt"], 0.0)
+  return batch.replace(old_logp_bt=jnp.where(mask, out["logp_bt"], 0.0),
+                       old_values_bt=old_values)
+
+
+def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, spec: RLSpec,
+                    num_micro_batches: int):
+  """(loss, (sums, expert_loads)) on one micro-batch; sums add up across micro-batches."""
+  mask_bt = batch.loss_mask_bt
+  on_bt = mask_bt > 0
+  out = policy_outputs(model, params, batch, spec)
+  logp_bt = jnp.where(on_bt, out["logp_bt"], 0.0)
+  sampler_logp_bt = jnp.where(on_bt, batch.sampler_logp_bt, 0.0)
+  if batch.old_logp_bt is not None:
+    learner_old_bt = jnp.where(on_bt, batch.old_logp_bt, 0.0)
+  else:
+    learner_old_bt = jax.lax.stop_gradient(logp_bt)
+  ppo_old_bt = learner_old_bt
+  if batch.old_logp_bt is None and spec.old_logp_source == "sampler":
+    ppo_old_bt = sampler_logp_bt
+
+  sums = {}
+  if spec.uses_values:
+    values_bt = out["values_bt"]
+    if values_bt is None:
+      raise ValueError("advantage.estimator='gae' needs the model's value head: set "
+                       "config.model.value_head=True.")
+    values_bt = jnp.where(on_bt, values_bt, 0.0)
+    old_values_bt = (jax.lax.stop_gradient(values_bt) if batch.old_values_bt is None
+                     else jnp.where(on_bt, batch.old_values_bt, 0.0))
+    adv_bt, returns_bt = adv_lib.gae_advantages(batch.rewards_b, batch.process_reward_bt,
+                                                old_values_bt, mask_bt, gamma=spec.gamma,
+                                                lam=spec.gae_lambda)
+    v_loss = objectives.aggregate(
+        objectives.value_loss(values_bt, returns_bt, old_values_bt, spec.value_clip),
+        mask_bt, spec.aggregation, norms)
+    sums["value_loss"] = v_loss
+    sums["value_sum"] = jnp.sum(jnp.where(on_bt, values_bt, 0.0))
+    sums["return_sum"] = jnp.sum(returns_bt)
+  else:
+    v_loss = 0.0
+  adv_bt = jax.lax.stop_gradient(adv_bt)
+
+  weights_bt, corr_sums = corrections.correction_weights(spec, learner_old_bt,
+                                                         sampler_logp_bt, mask_bt)
+  clip_low, clip_high = spec.clip_range
+  if spec.objective == "ppo_clip":
+    pg_bt, clipped_bt = objectives.ppo_clip_loss(logp_bt, ppo_old_bt, adv_bt, clip_low,
+                                                 clip_high)
+  else:
+    pg_bt, clipped_bt = objectives.gspo_loss(logp_bt, ppo_old_bt, adv_bt, mask_bt, clip_low,
+                                             clip_high)
+  pg_loss = objectives.aggregate(weights_bt * pg_bt, mask_bt, spec.aggregation, norms)
+  entropy = objectives.aggregate(out["entropy_bt"], mask_bt, spec.aggregation, norms)
+  loss = pg_loss - spec.entropy_coef * entropy + spec.value_coef * v_loss
+
+  if spec.kl_coef > 0.0:
+    if batch.ref_logp_bt is not None:
+      ref_logp_bt = batch.ref_logp_bt
+    elif ref_params is not None:
+      ref_logp_bt = policy_outputs(model, ref_params, batch, spec)["logp_bt"]
+    else:
+      raise ValueError("config.rl.loss.kl_coef > 0 needs the reference policy: pass "
+                       "ref_params to init_train_state, or fill Batch.ref_logp_bt.")
+    ref_logp_bt = jnp.where(on_bt, jax.lax.stop_gradient(ref_logp_bt), 0.0)
+    kl = objectives.aggregate(objectives.kl_to_reference(logp_bt, ref_logp_bt,
+                                                         spec.kl_estimator),
+                              mask_bt, spec.aggregation, norms)
+    loss = loss + spec.kl_coef * kl
+    sums["kl_to_ref"] = kl
+
+  moe_aux = out["aux"].get("moe_aux_loss", jnp.float32(0.0)) / num_micro_batches
+  loss = loss + moe_aux
+
+  ratio_bt = jnp.exp(jnp.where(on_bt, logp_bt - ppo_old_bt, 0.0))
+  sums.update({
+      "loss": loss, "pg_loss": pg_loss, "entropy": entropy, "moe_aux_loss": moe_aux,
+      "clipped_count": jnp.sum(jnp.where(on_bt, clipped_bt, False).astype(jnp.float32)),
+      "ppo_ratio_sum": jnp.sum(jnp.where(on_bt, ratio_bt, 0.0)),
+      "advantage_sum": jnp.sum(jnp.where(on_bt, adv_bt, 0.0)),
+      "reward_sum": jnp.sum(batch.rewards_b * adv_lib.sequence_valid(mask_bt)),
+      **corr_sums,
+  })
+  stats_kw = dict(num_turns=spec.max_turns, num_position_buckets=spec.num_position_buckets,
+                  max_position=model.spec.max_seq_len)
+  for k, v in mismatch.logprob_mismatch_sums(
+      learner_old_bt, sampler_logp_bt, mask_bt, batch.turn_index_bt, batch.positions_bt,
+      ratio_low=spec.mismatch_ratio_low, ratio_high=spec.mismatch_ratio_high,
+      **stats_kw).items():
+    sums[f"mm/{k}"] = v
+  if batch.replay is not None:
+    for k, v in mismatch.selection_agreement_sums(
+        out["aux"]["layers"], batch.replay, batch.positions_bt, batch.turn_index_bt,
+        **stats_kw).items():
+      sums[f"mm/{k}"] = v
+  sums = jax.tree.map(jax.lax.stop_gradient, sums)
+  loads = tuple(layer.get("expert_load") for layer in out["aux"]["layers"])
+  return loss, (sums, jax.lax.stop_gradient(loads))

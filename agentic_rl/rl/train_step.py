@@ -1,0 +1,182 @@
+"""One jitted learner update: micro-batch accumulation, AdamW, clipping, a non-finite guard.
+
+    spec = rl_config.validate(cfg.rl, cfg.model)
+    state = init_train_state(model, params, spec, ref_params=None)
+    train_step = make_train_step(model, spec)
+    state, metrics = train_step(state, batch)
+
+Order inside the step:
+  1. group advantages on the whole batch (GAE is computed per micro-batch, it
+     needs the critic and no cross-sequence statistics);
+  2. loss and gradient per micro-batch (lax.scan), summed; every micro-batch
+     loss is normalised by whole-batch denominators, so the sum is the
+     full-batch gradient;
+  3. global-norm clipping and AdamW (warmup then cosine decay; no decay on vectors);
+  4. if the loss or the gradient is not finite: keep params and optimiser state,
+     count the skip in state.skipped_steps;
+  5. the aux-loss-free routing-bias update (model.moe.use_routing_bias), outside
+     the gradient, from the step's mean expert load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from agentic_rl.model import transformer
+from agentic_rl.rl import advantages as adv_lib
+from agentic_rl.rl import learner
+from agentic_rl.rl import mismatch
+from agentic_rl.rl import objectives
+from agentic_rl.rl.batch import Batch
+from agentic_rl.rl.config import RLSpec
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # train_step calls, int32
+  params: Any
+  opt_state: Any
+  ref_params: Any  # frozen reference policy (KL), or None
+  skipped_steps: jax.Array  # updates skipped by the non-finite guard, int32
+
+
+def learning_rate_schedule(spec: RLSpec) -> optax.Schedule:
+  """Linear warmup from 0 to learning_rate, then cosine decay to end_lr_ratio * it."""
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=spec.learning_rate, warmup_steps=spec.warmup_steps,
+      decay_steps=spec.decay_steps, end_value=spec.learning_rate * spec.end_lr_ratio)
+
+
+def weight_decay_mask(params):
+  """Decay matrices only: not norm scales, biases or routing biases (vectors)."""
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(spec: RLSpec) -> optax.GradientTransformation:
+  parts = []
+  if spec.clip_norm > 0:
+    parts.append(optax.clip_by_global_norm(spec.clip_norm))
+  parts.append(optax.adamw(learning_rate_schedule(spec), b1=spec.b1, b2=spec.b2,
+                           eps=spec.adam_eps, weight_decay=spec.weight_decay,
+                           mask=weight_decay_mask))
+  return optax.chain(*parts)
+
+
+def init_train_state(model, params, spec: RLSpec, ref_params=None) -> TrainState:
+  if spec.kl_coef > 0 and ref_params is None:
+    raise ValueError("config.rl.loss.kl_coef > 0 needs ref_params (the frozen reference "
+                     "policy, e.g. a copy of the initial params).")
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                    opt_state=make_optimizer(spec).init(params), ref_params=ref_params,
+                    skipped_steps=jnp.zeros((), jnp.int32))
+
+
+def _combine(a, b):
+  return {k: (jnp.maximum(a[k], b[k]) if k.endswith("_max") else a[k] + b[k]) for k in a}
+
+
+def _split_micro_batches(tree, num_micro_batches: int):
+  def split(x):
+    return x.reshape((num_micro_batches, x.shape[0] // num_micro_batches) + x.shape[1:])
+  return jax.tree.map(split, tree)
+
+
+def _finalize_metrics(sums, norms, grad_norm, finite, state, lr):
+  n_tok = norms.num_tokens
+  n_seq = norms.num_sequences
+  metrics = {k: sums[k] for k in ("loss", "pg_loss", "entropy", "moe_aux_loss")}
+  for k in ("value_loss", "kl_to_ref"):
+    if k in sums:
+      metrics[k] = sums[k]
+  metrics.update({
+      "clip_frac": sums["clipped_count"] / n_tok,
+      "ppo_ratio_mean": sums["ppo_ratio_sum"] / n_tok,
+      "advantage_mean": sums["advantage_sum"] / n_tok,
+      "reward_mean": sums["reward_sum"] / n_seq,
+      "correction/weight_mean": sums["corr_weight_sum"] / n_tok,
+      "correction/rejected_frac": sums["corr_rejected_count"] / n_tok,
+      "grad_norm": grad_norm,
+      "learning_rate": lr,
+      "update_applied": finite.astype(jnp.float32),
+      "skipped_steps": state.skipped_steps,
+      "num_tokens": n_tok,
+  })
+  if "corr_rejected_sequences" in sums:
+    metrics["correction/rejected_sequence_frac"] = sums["corr_rejected_sequences"] / n_seq
+  if "value_sum" in sums:
+    metrics["value_mean"] = sums["value_sum"] / n_tok
+    metrics["return_mean"] = sums["return_sum"] / n_tok
+  mm = {k[len("mm/"):]: v for k, v in sums.items() if k.startswith("mm/")}
+  metrics.update(mismatch.finalize(mm))
+  return metrics
+
+
+def make_train_step(model, spec: RLSpec, *, donate: bool = False):
+  """A jitted `train_step(state, batch) -> (state, metrics)` for `model` under `spec`."""
+  optimizer = make_optimizer(spec)
+  schedule = learning_rate_schedule(spec)
+  m = spec.num_micro_batches
+  model_spec = model.spec
+
+  def loss_fn(params, ref_params, micro, adv_bt, norms):
+    return learner.microbatch_loss(params, ref_params, micro, adv_bt, norms, model=model,
+                                   spec=spec, num_micro_batches=m)
+
+  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+  def train_step(state: TrainState, batch: Batch):
+    b = batch.batch_size
+    if b % m:
+      raise ValueError(f"batch size {b} is not divisible by "
+                       f"config.rl.optim.num_micro_batches={m}.")
+    learner.check_replay_available(batch, spec, model_spec)
+    norms = objectives.loss_normalizers(batch.loss_mask_bt, spec.constant_normalizer)
+    if spec.uses_values:
+      adv_bt = jnp.zeros_like(batch.loss_mask_bt)  # computed per micro-batch from values
+    else:
+      adv_bt = adv_lib.batch_advantages(spec, batch.rewards_b, batch.group_id_b,
+                                        batch.loss_mask_bt, batch.process_reward_bt,
+                                        batch.turn_index_bt)
+    if m == 1:
+      (_, (sums, loads)), grads = grad_fn(state.params, state.ref_params, batch, adv_bt, norms)
+    else:
+      micro = _split_micro_batches((batch, adv_bt), m)
+      first = jax.tree.map(lambda x: x[0], micro)
+      shapes = jax.eval_shape(grad_fn, state.params, state.ref_params, first[0], first[1],
+                              norms)
+      zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+      def body(carry, mb):
+        (_, (sums, loads)), grads = grad_fn(state.params, state.ref_params, mb[0], mb[1],
+                                            norms)
+        acc_grads, acc_sums, acc_loads = carry
+        return (jax.tree.map(jnp.add, acc_grads, grads), _combine(acc_sums, sums),
+                jax.tree.map(jnp.add, acc_loads, loads)), None
+
+      init = (zeros[1], zeros[0][1][0], zeros[0][1][1])
+      (grads, sums, loads), _ = jax.lax.scan(body, init, micro)
+      loads = jax.tree.map(lambda x: x / m, loads)
+
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+    updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    if model_spec.use_routing_bias:
+      bias_aux = {"layers": tuple({} if l is None else {"expert_load": l} for l in loads)}
+      new_params = transformer.update_routing_biases(new_params, bias_aux,
+                                                     model_spec.routing_bias_rate)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    # The optimiser's schedule counts applied updates only (skipped ones keep its state).
+    lr = schedule(state.step - state.skipped_steps)
+    new_state = TrainState(
+        step=state.step + 1, params=keep(new_params, state.params),
+        opt_state=keep(new_opt_state, state.opt_state), ref_params=state.ref_params,
+        skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32))
+    return new_state, _finalize_metrics(sums, norms, grad_norm, finite, new_state, lr)
+
+  return jax.jit(train_step, donate_argnums=(0,) if donate else ())

@@ -1,0 +1,171 @@
+"""Pieces shared by the Pallas attention kernels: online-softmax tile math,
+the small-matmul choice, padding to lowerable tile shapes, and per-platform
+compiler parameters.
+
+Layout rules the kernels follow so that one kernel body lowers to Triton (GPU)
+and Mosaic (TPU) as well as running in interpret mode:
+- every array a kernel touches is 2-D inside the kernel ([rows, cols]);
+- block dims are powers of two (Triton) and either full array dims or
+  multiples of 8 on the second-minor axis (Mosaic);
+- dynamic indexing only on a leading, untiled axis (k_ref[tile] -> [tk, D]);
+- integer tables that are read as scalars live in SMEM on TPU.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+PLATFORMS = ("gpu", "tpu")
+MATMUL_MODES = ("auto", "dot", "broadcast")
+# Triton's tensor-core dot wants every matmul dim >= 16; smaller ones use the
+# broadcast-multiply-reduce path, which lowers for any power-of-two shape.
+_MIN_DOT_DIM = 16
+_NEG_INF = float("-inf")
+
+
+def next_pow2(n: int) -> int:
+  return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def resolve_platform(platform: str | None, interpret: bool) -> str:
+  """'gpu' or 'tpu' (what the kernels are shaped and compiled for)."""
+  if platform is None:
+    backend = jax.default_backend()
+    if backend == "tpu":
+      return "tpu"
+    if backend in ("gpu", "cuda", "rocm"):
+      return "gpu"
+    if not interpret:
+      raise ValueError(
+          f"Pallas kernels compile only for GPU or TPU, but jax's default backend is "
+          f"{backend!r}; set config.model.pallas_interpret=True to run them on the CPU "
+          f"(interpret mode), or kernel_backend='reference'.")
+    return "gpu"  # Interpret mode: shape the kernels as for the GPU path.
+  if platform not in PLATFORMS:
+    raise ValueError(f"platform={platform!r}: expected one of {PLATFORMS} or None (auto).")
+  return platform
+
+
+def resolve_matmul(matmul: str, platform: str, m: int, n: int, k: int) -> str:
+  """'dot' or 'broadcast' for an [m, k] x [k, n] product inside a kernel."""
+  if matmul not in MATMUL_MODES:
+    raise ValueError(f"matmul={matmul!r}: expected one of {MATMUL_MODES}.")
+  if matmul != "auto":
+    return matmul
+  if platform == "tpu":
+    return "dot"  # Mosaic pads small matmuls to the MXU tile itself.
+  return "dot" if min(m, n, k) >= _MIN_DOT_DIM else "broadcast"
+
+
+def compiler_params(platform: str, interpret, dimension_semantics):
+  if interpret:
+    return None
+  if platform == "gpu":
+    from jax.experimental.pallas import triton as plgpu
+    return plgpu.CompilerParams(num_warps=4, num_stages=2)
+  from jax.experimental.pallas import tpu as pltpu
+  return pltpu.CompilerParams(dimension_semantics=tuple(dimension_semantics))
+
+
+def table_spec(block_shape, index_map, platform: str):
+  """BlockSpec for an int32 table the kernel reads as scalars (SMEM on TPU)."""
+  if platform == "tpu":
+    from jax.experimental.pallas import tpu as pltpu
+    return pl.BlockSpec(block_shape, index_map, memory_space=pltpu.SMEM)
+  return pl.BlockSpec(block_shape, index_map)
+
+
+def scores(q_rd, k_cd, mode: str):
+  """q_rd @ k_cd.T in float32 -> [R, C]."""
+  if mode == "dot":
+    return jax.lax.dot_general(q_rd, k_cd, (((1,), (1,)), ((), ())),
+                               precision=jax.lax.Precision.HIGHEST,
+                               preferred_element_type=jnp.float32)
+  return jnp.sum(q_rd[:, None, :] * k_cd[None, :, :], axis=-1)
+
+
+def weighted_values(p_rc, v_cd, mode: str):
+  """p_rc @ v_cd in float32 -> [R, D]."""
+  if mode == "dot":
+    return jax.lax.dot_general(p_rc, v_cd, (((1,), (0,)), ((), ())),
+                               precision=jax.lax.Precision.HIGHEST,
+                               preferred_element_type=jnp.float32)
+  return jnp.sum(p_rc[:, :, None] * v_cd[None, :, :], axis=1)
+
+
+def softmax_init(rows: int, head_dim: int):
+  """(acc [R, D], running max [R, 1], running denominator [R, 1])."""
+  return (jnp.zeros((rows, head_dim), jnp.float32),
+          jnp.full((rows, 1), _NEG_INF, jnp.float32),
+          jnp.zeros((rows, 1), jnp.float32))
+
+
+def softmax_step(carry, s_rc, mask_rc, v_cd, mode: str):
+  """One flash-attention update with a key tile; masked keys contribute nothing.
+
+  The running max starts at -inf; while a row has seen no key its shift is 0,
+  so exp never sees inf - inf and an all-masked row keeps acc = l = 0.
+  """
+  acc_rd, m_r1, l_r1 = carry
+  s_rc = jnp.where(mask_rc, s_rc, _NEG_INF)
+  m_new = jnp.maximum(m_r1, jnp.max(s_rc, axis=1, keepdims=True))
+  shift = jnp.where(m_new == _NEG_INF, 0.0, m_new)
+  p_rc = jnp.where(mask_rc, jnp.exp(s_rc - shift), 0.0)
+  correction = jnp.exp(m_r1 - shift)
+  l_new = correction * l_r1 + jnp.sum(p_rc, axis=1, keepdims=True)
+  acc_new = correction * acc_rd + weighted_values(p_rc, v_cd, mode)
+  return acc_new, m_new, l_new
+
+
+def softmax_finish(acc_rd, l_r1):
+  """Normalised output; rows that saw no key are exactly zero."""
+  seen = l_r1 > 0
+  return jnp.where(seen, acc_rd / jnp.where(seen, l_r1, 1.0), 0.0)
+
+
+def padded_head_dim(d: int) -> int:
+  return max(_MIN_DOT_DIM, next_pow2(d))
+
+
+def group_queries(q_bthd, num_kv_heads: int, group_pad: int, head_dim_pad: int):
+  """[B, T, H, D] -> [B, K, T, Gp, Dp]: the G query heads of each kv head, zero-padded."""
+  b, t, h, d = q_bthd.shape
+  g = h // num_kv_heads
+  q = q_bthd.reshape(b, t, num_kv_heads, g, d)
+  q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, group_pad - g), (0, head_dim_pad - d)))
+  return jnp.transpose(q, (0, 2, 1, 3, 4))
+
+
+def ungroup_outputs(o_bktgd, t: int, h: int, d: int):
+  """[B, K, Tp, Gp, Dp] -> [B, t, H, D], dropping the padding."""
+  b, k = o_bktgd.shape[:2]
+  g = h // k
+  o = o_bktgd[:, :, :t, :g, :d]
+  return jnp.transpose(o, (0, 2, 1, 3, 4)).reshape(b, t, h, d)
+
+
+def kv_heads_major(x_bshd, head_dim_pad: int, length_pad: int):
+  """[B, S, K, D] -> [B, K, Sp, Dp], zero-padded."""
+  b, s, k, d = x_bshd.shape
+  x = jnp.pad(x_bshd, ((0, 0), (0, length_pad - s), (0, 0), (0, head_dim_pad - d)))
+  return jnp.transpose(x, (0, 2, 1, 3))
+
+
+def check_attention_shapes(q_bthd, k_bshd, v_bshd):
+  if q_bthd.ndim != 4 or k_bshd.ndim != 4 or v_bshd.ndim != 4:
+    raise ValueError(f"attention expects q [B, T, H, D], k and v [B, S, K, D]; got "
+                     f"q {q_bthd.shape}, k {k_bshd.shape}, v {v_bshd.shape}.")
+  if k_bshd.shape != v_bshd.shape:
+    raise ValueError(f"k {k_bshd.shape} and v {v_bshd.shape} must have the same shape.")
+  b, _, h, d = q_bthd.shape
+  kb, _, kh, kd = k_bshd.shape
+  if kb != b or kd != d:
+    raise ValueError(f"q {q_bthd.shape} and k {k_bshd.shape} disagree on batch or head_dim.")
+  if h % kh:
+    raise ValueError(f"q has {h} heads, not a multiple of the {kh} kv heads (GQA).")
