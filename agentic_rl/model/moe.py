@@ -81,7 +81,8 @@ class MoEFeedForward(nn.Module):
     valid_bt: bool [B, T], False on padding; padding is excluded from the load
       statistics and the aux loss (its output is finite but meaningless).
     forced_experts_btk: int [B, T, k] experts to use instead of the top-k (replay);
-      values must lie in [0, num_experts) (an out-of-range id gives NaN gates).
+      on valid tokens values must lie in [0, num_experts) (an out-of-range id gives
+      NaN gates); padding rows may hold anything.
     aux: 'experts' int32 [B,T,k] (used experts), 'gates' float32 [B,T,k],
       'expert_load' float32 [E] (fraction of valid assignments per expert),
       'aux_loss' float32 [] (coef * E * sum_e f_e * P_e over valid tokens).
@@ -120,7 +121,10 @@ class MoEFeedForward(nn.Module):
       bias_e = self.param("routing_bias_e", nn.initializers.zeros, (num_experts,),
                           jnp.float32)
     if forced_experts_btk is not None:
-      experts_btk = forced_experts_btk.astype(jnp.int32)
+      # Padding rows of a replayed batch carry no recorded routing: give them valid
+      # distinct ids so they stay finite (their output is masked anyway).
+      experts_btk = jnp.where(valid_bt[..., None], forced_experts_btk.astype(jnp.int32),
+                              jnp.arange(k, dtype=jnp.int32))
     else:
       selection_bte = scores_bte
       if bias_e is not None:
@@ -139,6 +143,7 @@ class MoEFeedForward(nn.Module):
     n = b * t
     x_nd = x_btd.reshape(n, d).astype(dtype)
     experts_a = experts_btk.reshape(n * k)
+    # Stable: within an expert, rows keep token order on every backend (deterministic).
     order_a = jnp.argsort(experts_a, stable=True)
     group_sizes_e = jnp.bincount(experts_a, length=num_experts).astype(jnp.int32)
     w_gate_edf = self.param("w_gate_edf", expert_init, (num_experts, d, d_ff), param_dtype)

@@ -1,0 +1,38 @@
+"""The tool-environment protocol the rollout engine drives.
+
+One env object per trajectory, stepped from a host thread: `reset(task)`
+returns the first observation, `step(action_text)` returns a `StepResult`
+(a NamedTuple, so `obs, reward, done, info = env.step(a)` works too), and
+`close()` (or leaving a `with` block) removes the episode's workspace.
+
+`info` always holds: 'tool' (str | None), 'decision' ('allowed' | 'denied' |
+'timeout' | 'error'), 'process_signal' (change in the fraction of tests
+passing this turn), 'tests_passed', 'tests_total', 'turn', and, once done,
+'end_reason' ('submit' | 'turn_budget' | 'time_budget').
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+END_REASONS = ("submit", "turn_budget", "time_budget")
+
+
+class StepResult(NamedTuple):
+  observation: str
+  reward: float
+  done: bool
+  info: dict
+
+
+@runtime_checkable
+class Env(Protocol):
+  def reset(self, task: Any) -> str: ...
+
+  def step(self, action_text: str) -> StepResult: ...
+
+  def close(self) -> None: ...
+
+  def __enter__(self) -> "Env": ...
+
+  def __exit__(self, *exc) -> None: ...

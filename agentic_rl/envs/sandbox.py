@@ -1,0 +1,593 @@
+"""Runs untrusted Python in a per-episode sandbox: bubblewrap, or an rlimit fallback.
+
+Every command is one subprocess chain, started without preexec_fn (so it is
+safe from many host threads at once):
+
+  bubblewrap: [setpriv (drop to the sandbox uid)] prlimit LIMITS bwrap
+              --unshare-all --die-with-parent --new-session, read-only /usr (+ the
+              interpreter's prefix), tmpfs /tmp, the workspace read-write at
+              /workspace, nothing else; no network, no view of host processes.
+  fallback:   [unshare -n] [setpriv (drop to the sandbox uid)] prlimit LIMITS python;
+              no network when `unshare -n` works here.
+
+LIMITS are RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, RLIMIT_NPROC, RLIMIT_NOFILE and
+RLIMIT_CORE=0. RLIMIT_NPROC counts every process of a uid and does not bind
+root, so when the host runs as root each sandbox runs as its own uid, drawn
+from [uid_base, uid_base + uid_count): the process bound is then exact per
+episode, the host's files and processes are out of reach by permission, and
+after every command `kill -KILL -1` run as that uid ends whatever the command
+left behind, even processes that escaped its process group. A wall-clock
+timeout kills the whole process group. Output is captured up to a bound (head
+and tail of each stream) and a command writing more than `output_kill_bytes`
+is killed.
+
+Limits of the fallback, by construction: without a mount namespace, the
+sandbox can read world-readable host files and write world-writable
+directories (/tmp); without the uid drop (host not root) RLIMIT_NPROC is set
+relative to the uid's current process count and processes that leave the
+process group are not swept. bubblewrap has none of these gaps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import ml_collections
+
+from agentic_rl.envs import sandbox_server
+from agentic_rl.envs.config import validate_env_config
+from agentic_rl.envs.workspace import Workspace
+
+log = logging.getLogger(__name__)
+
+SANDBOX_WORKDIR = "/workspace"  # Where bubblewrap mounts the workspace.
+_DRAIN_AFTER_EXIT_S = 0.05  # Grace for pipe data after the main process exits.
+_SERVER_START_TIMEOUT_S = 30.0  # Start-up is ours (no agent code runs); generous under load.
+with open(sandbox_server.__file__, encoding="utf-8") as _f:
+  _SERVER_SOURCE = _f.read()
+
+
+class IsolationUnavailable(RuntimeError):
+  """The requested isolation level cannot run on this host."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+  exit_code: int | None  # None when killed by the sandbox (timeout / output limit).
+  stdout: str  # Head and tail of stdout, with a marker where bytes were left out.
+  stderr: str
+  stdout_bytes: int  # Bytes the command wrote in total.
+  stderr_bytes: int
+  timed_out: bool
+  output_limited: bool  # Killed for writing more than output_kill_bytes.
+  duration_s: float
+  signal: int | None = None  # The signal that ended the main process, if any.
+  crashed: str = ""  # Why the sandbox ended without answering (server requests), else "".
+
+
+class _HeadTail:
+  """Keeps the first and last `cap // 2` bytes of a stream."""
+
+  def __init__(self, cap: int):
+    self.half = cap // 2
+    self.head = bytearray()
+    self.tail = bytearray()
+    self.total = 0
+
+  def add(self, data: bytes) -> None:
+    self.total += len(data)
+    room = self.half - len(self.head)
+    if room > 0:
+      self.head += data[:room]
+      data = data[room:]
+    if data:
+      self.tail += data
+      if len(self.tail) > self.half:
+        del self.tail[: len(self.tail) - self.half]
+
+  def text(self) -> str:
+    kept = len(self.head) + len(self.tail)
+    mid = b"" if kept >= self.total else f"\n[... {self.total - kept} bytes left out ...]\n".encode()
+    return (bytes(self.head) + mid + bytes(self.tail)).decode("utf-8", errors="replace")
+
+  def strip_suffix(self, n: int) -> None:
+    """Drops the last n bytes written (the server's done line)."""
+    self.total -= n
+    cut = min(n, len(self.tail))
+    if cut:
+      del self.tail[len(self.tail) - cut:]
+    n -= cut
+    if n:
+      del self.head[max(0, len(self.head) - n):]
+
+
+class _UidPool:
+  def __init__(self, base: int, count: int):
+    self._lock = threading.Lock()
+    self._base, self._count = base, count
+    self._next = 0
+    self._free: list[int] = []
+    self._used: set[int] = set()
+
+  def acquire(self) -> int:
+    with self._lock:
+      if self._free:
+        uid = self._free.pop()
+      elif self._next < self._count:
+        uid = self._base + self._next
+        self._next += 1
+      else:
+        raise RuntimeError(f"all {self._count} sandbox uids are in use; close envs or raise "
+                           "sandbox.uid_count")
+      self._used.add(uid)
+      return uid
+
+  def release(self, uid: int) -> None:
+    with self._lock:
+      if uid in self._used:
+        self._used.remove(uid)
+        self._free.append(uid)
+
+
+_pools_lock = threading.Lock()
+_pools: dict[tuple[int, int], _UidPool] = {}
+
+
+def _uid_pool(base: int, count: int) -> _UidPool:
+  with _pools_lock:
+    return _pools.setdefault((base, count), _UidPool(base, count))
+
+
+def _drops_uid() -> bool:
+  return os.geteuid() == 0
+
+
+def _which(name: str) -> str:
+  path = shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin")
+  if path is None:
+    raise IsolationUnavailable(f"the sandbox needs {name!r} (util-linux / procps); install it")
+  return path
+
+
+def _world_usable(path: str) -> bool:
+  """True when every ancestor is world-traversable and the file world-executable."""
+  real = os.path.realpath(path)
+  try:
+    if not os.stat(real).st_mode & stat.S_IXOTH:
+      return False
+    d = os.path.dirname(real)
+    while True:
+      if not os.stat(d).st_mode & stat.S_IXOTH:
+        return False
+      if d == "/":
+        return True
+      d = os.path.dirname(d)
+  except OSError:
+    return False
+
+
+def _python_candidates(setting: str) -> list[str]:
+  if setting != "auto":
+    return [setting]
+  cands = [sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"]
+  out = []
+  for c in cands:
+    if c and os.path.exists(c) and os.path.realpath(c) not in out:
+      if not _drops_uid() or _world_usable(c):
+        out.append(os.path.realpath(c))
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Isolation:
+  level: str  # "bubblewrap" or "fallback"
+  python: str
+  python_prefix: str  # Bound read-only into bubblewrap when outside /usr.
+  network_isolated: bool
+  drops_uid: bool
+  description: str
+
+
+_iso_lock = threading.Lock()
+_iso_cache: dict[tuple, _Isolation] = {}
+
+
+def resolve_isolation(config: ml_collections.ConfigDict) -> _Isolation:
+  """Probes (once per process and setting) which isolation level runs here."""
+  s = config.sandbox
+  key = (s.isolation, s.python, s.workspace_root, s.uid_base, s.uid_count)
+  with _iso_lock:
+    if key in _iso_cache:
+      return _iso_cache[key]
+    iso = _probe(config)
+    _iso_cache[key] = iso
+    log.info("sandbox isolation: %s", iso.description)
+    return iso
+
+
+def _probe(config: ml_collections.ConfigDict) -> _Isolation:
+  s = config.sandbox
+  pythons = _python_candidates(s.python)
+  if not pythons:
+    raise IsolationUnavailable(
+        f"no python interpreter the sandbox uid can run (tried {sys.executable}, "
+        "/usr/bin/python3); set sandbox.python to a world-readable python3")
+  reasons = []
+  levels = ["bubblewrap", "fallback"] if s.isolation == "auto" else [s.isolation]
+  for level in levels:
+    if level == "bubblewrap" and shutil.which("bwrap") is None:
+      reasons.append("bubblewrap: bwrap is not installed (Debian package 'bubblewrap')")
+      continue
+    for py in pythons:
+      prefix = os.path.dirname(os.path.dirname(py))
+      for net in ([True, False] if level == "fallback" else [True]):
+        iso = _Isolation(level, py, prefix, net, _drops_uid(), "")
+        ok, why = _probe_one(config, iso)
+        if ok:
+          desc = (f"{level} (python {py}; "
+                  f"{'per-sandbox uid' if iso.drops_uid else 'host uid, no uid drop'}; "
+                  f"{'no network' if net else 'NETWORK NOT ISOLATED: unshare -n failed'})")
+          if not net:
+            log.warning("sandbox: unshare -n does not work here; the fallback has network")
+          return dataclasses.replace(iso, description=desc)
+        reasons.append(f"{level} with {py}{'' if net else ' without unshare -n'}: {why}")
+  raise IsolationUnavailable(f"sandbox isolation {s.isolation!r} is not available: "
+                             + "; ".join(reasons))
+
+
+def _probe_one(config, iso: _Isolation) -> tuple[bool, str]:
+  sb = Sandbox(config, _isolation=iso)
+  try:
+    r = sb.run_python(["-c", "print(6 * 7)"], timeout_s=20.0)
+  except (OSError, IsolationUnavailable) as e:
+    return False, str(e)
+  finally:
+    sb.close()
+  if r.exit_code == 0 and r.stdout.strip() == "42":
+    return True, ""
+  return False, f"exit {r.exit_code}: {(r.stderr or r.stdout).strip()[-300:]}"
+
+
+def _count_uid_processes(uid: int) -> int:
+  n = 0
+  for name in os.listdir("/proc"):
+    if name.isdigit():
+      try:
+        if os.stat(f"/proc/{name}").st_uid == uid:
+          n += 1
+      except OSError:
+        pass
+  return n
+
+
+class Sandbox:
+  """One episode's workspace plus the means to run Python in it, confined."""
+
+  def __init__(self, config: ml_collections.ConfigDict, *, _isolation: _Isolation | None = None):
+    validate_env_config(config)
+    self._cfg = config.sandbox
+    self._iso = _isolation if _isolation is not None else resolve_isolation(config)
+    self._pool = None
+    self.uid = None
+    if self._iso.drops_uid:
+      self._pool = _uid_pool(self._cfg.uid_base, self._cfg.uid_count)
+      self.uid = self._pool.acquire()
+    try:
+      self.workspace = Workspace(self._cfg.workspace_root, self.uid)
+    except BaseException:
+      if self._pool is not None:
+        self._pool.release(self.uid)
+      raise
+    self._prlimit = _which("prlimit")
+    self._setpriv = _which("setpriv") if self.uid is not None else None
+    self._kill = _which("kill") if self.uid is not None else None
+    self._unshare = _which("unshare") if (self._iso.level == "fallback"
+                                          and self._iso.network_isolated) else None
+    self._bwrap = shutil.which("bwrap") if self._iso.level == "bubblewrap" else None
+    self._server: subprocess.Popen | None = None
+    self.server_starts = 0
+    self._closed = False
+
+  @property
+  def isolation(self) -> str:
+    return self._iso.level
+
+  @property
+  def description(self) -> str:
+    return self._iso.description
+
+  @property
+  def workdir(self) -> str:
+    """The workspace path as the sandboxed process sees it."""
+    return SANDBOX_WORKDIR if self._iso.level == "bubblewrap" else self.workspace.path
+
+  def _limits(self) -> list[str]:
+    c = self._cfg
+    nproc = c.max_processes
+    if self.uid is None:  # RLIMIT_NPROC counts the uid's existing processes too.
+      nproc += _count_uid_processes(os.getuid())
+    mem = c.memory_mb << 20
+    fsize = c.file_size_mb << 20
+    return [self._prlimit, f"--cpu={c.cpu_s}:{c.cpu_s}", f"--as={mem}:{mem}",
+            f"--fsize={fsize}:{fsize}", f"--nproc={nproc}:{nproc}",
+            f"--nofile={c.max_open_files}:{c.max_open_files}", "--core=0:0", "--"]
+
+  def _env(self) -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": self.workdir,
+            "TMPDIR": "/tmp" if self._iso.level == "bubblewrap" else self.workdir,
+            "PYTHONHASHSEED": "0"}
+
+  def _command(self, python_args: list[str]) -> list[str]:
+    py = [self._iso.python] + python_args
+    drop = []
+    if self.uid is not None:
+      drop = [self._setpriv, f"--reuid={self.uid}", f"--regid={self.uid}", "--clear-groups",
+              "--no-new-privs", "--"]
+    if self._iso.level == "fallback":
+      net = [self._unshare, "--net", "--"] if self._unshare else []
+      if self.uid is None and self._unshare:  # Unprivileged: a user namespace is needed.
+        net = [self._unshare, "--user", "--map-current-user", "--net", "--"]
+      return net + drop + self._limits() + py
+    bw = [self._bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+          "--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "lib", "lib64", "lib32", "libx32", "sbin"):
+      p = "/" + name
+      if os.path.islink(p):
+        bw += ["--symlink", os.readlink(p), p]
+      elif os.path.isdir(p):
+        bw += ["--ro-bind", p, p]
+    prefix = self._iso.python_prefix
+    if prefix and prefix != "/usr" and not prefix.startswith("/usr/"):
+      bw += ["--ro-bind", prefix, prefix]
+    bw += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
+           "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+           "--bind", self.workspace.path, SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR,
+           "--hostname", "sandbox", "--clearenv"]
+    for k, v in self._env().items():
+      bw += ["--setenv", k, v]
+    return drop + self._limits() + bw + ["--"] + py
+
+  def run_python(self, python_args: list[str], stdin: bytes = b"",
+                 timeout_s: float | None = None) -> RunResult:
+    """Runs `python <python_args>` in the workspace; never leaves a process behind."""
+    if self._closed:
+      raise RuntimeError("sandbox is closed")
+    timeout = self._cfg.timeout_s if timeout_s is None else timeout_s
+    cmd = self._command(python_args)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=self.workspace.path, env=self._env(), start_new_session=True, close_fds=True)
+    out, err = _HeadTail(self._cfg.capture_bytes), _HeadTail(self._cfg.capture_bytes)
+    timed_out = output_limited = False
+    try:
+      if stdin:
+        try:
+          proc.stdin.write(stdin)
+        except (BrokenPipeError, OSError):
+          pass
+      try:
+        proc.stdin.close()
+      except OSError:
+        pass
+      timed_out, output_limited = self._pump(proc, out, err, t0 + timeout)
+    finally:
+      self._kill_tree(proc)
+      for f in (proc.stdout, proc.stderr):
+        f.close()
+      proc.wait()
+    duration = time.perf_counter() - t0
+    rc = proc.returncode
+    killed = timed_out or output_limited
+    return RunResult(
+        exit_code=None if killed else rc, stdout=out.text(), stderr=err.text(),
+        stdout_bytes=out.total, stderr_bytes=err.total, timed_out=timed_out,
+        output_limited=output_limited, duration_s=duration,
+        signal=-rc if (rc is not None and rc < 0) else None)
+
+  def _pump(self, proc, out: _HeadTail, err: _HeadTail, deadline: float) -> tuple[bool, bool]:
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, out)
+    sel.register(proc.stderr, selectors.EVENT_READ, err)
+    exited_at = None
+    try:
+      while sel.get_map():
+        now = time.perf_counter()
+        if now >= deadline:
+          return True, False
+        if exited_at is None and proc.poll() is not None:
+          exited_at = now
+        if exited_at is not None and now - exited_at > _DRAIN_AFTER_EXIT_S:
+          return False, False  # Leftover children hold the pipes; _kill_tree ends them.
+        wait = min(deadline - now, 0.02 if exited_at is None else _DRAIN_AFTER_EXIT_S)
+        for key, _ in sel.select(timeout=max(wait, 0.0)):
+          data = os.read(key.fd, 65536)
+          if not data:
+            sel.unregister(key.fileobj)
+            continue
+          key.data.add(data)
+          if out.total + err.total > self._cfg.output_kill_bytes:
+            return False, True
+      return False, False
+    finally:
+      sel.close()
+
+  # ---- the fork server (agentic_rl/envs/sandbox_server.py) ----
+
+  @property
+  def reuses_server(self) -> bool:
+    """Whether one server serves many requests: only where leftovers can be detected."""
+    return self._iso.level == "bubblewrap" or self.uid is not None
+
+  def _start_server(self) -> str:
+    """Starts the server; returns "" or why it did not come up."""
+    cmd = self._command(["-I", "-S", "-B", "-c", _SERVER_SOURCE, self.workdir,
+                         "1" if self.reuses_server else "0"])
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=self.workspace.path, env=self._env(), start_new_session=True, close_fds=True)
+    self._server = proc
+    ready = (sandbox_server.READY + "\n").encode()
+    buf, err = bytearray(), _HeadTail(4096)
+    deadline = time.perf_counter() + _SERVER_START_TIMEOUT_S
+    with selectors.DefaultSelector() as sel:
+      sel.register(proc.stdout, selectors.EVENT_READ, buf)
+      sel.register(proc.stderr, selectors.EVENT_READ, err)
+      while not buf.endswith(ready):
+        left = deadline - time.perf_counter()
+        if left <= 0 or not sel.get_map():
+          break
+        for key, _ in sel.select(timeout=left):
+          data = os.read(key.fd, 65536)
+          if not data:
+            sel.unregister(key.fileobj)
+          elif key.data is buf:
+            buf += data
+          else:
+            key.data.add(data)
+    if buf.endswith(ready):
+      self.server_starts += 1
+      return ""
+    self._stop_server()
+    return f"the sandbox did not start: {err.text().strip()[-400:] or 'no output'}"
+
+  def _stop_server(self) -> None:
+    proc, self._server = self._server, None
+    if proc is None:
+      return
+    self._kill_tree(proc)
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+      try:
+        f.close()
+      except OSError:
+        pass
+    proc.wait()
+
+  def request(self, payload: dict, timeout_s: float | None = None) -> RunResult:
+    """Runs one server request (see sandbox_server.py) in a fresh forked child."""
+    if self._closed:
+      raise RuntimeError("sandbox is closed")
+    timeout = self._cfg.timeout_s if timeout_s is None else timeout_s
+    t0 = time.perf_counter()
+    line = (json.dumps(payload) + "\n").encode()
+    for attempt in (0, 1):
+      if self._server is None:
+        why = self._start_server()
+        if why:
+          return RunResult(None, "", "", 0, 0, False, False, time.perf_counter() - t0,
+                           crashed=why)
+      try:
+        self._server.stdin.write(line)
+        self._server.stdin.flush()
+        break
+      except (BrokenPipeError, OSError):  # It died since the last request: start anew.
+        self._stop_server()
+        if attempt:
+          return RunResult(None, "", "", 0, 0, False, False, time.perf_counter() - t0,
+                           crashed="the sandbox did not accept the request")
+    result, keep = self._await_done(payload["id"], t0, t0 + timeout)
+    if not keep or not self.reuses_server:
+      self._stop_server()
+    return result
+
+  def _await_done(self, rid: str, t0: float, deadline: float) -> tuple[RunResult, bool]:
+    proc = self._server
+    marker = f"\n{sandbox_server.DONE_PREFIX}{rid} ".encode()
+    out, err = _HeadTail(self._cfg.capture_bytes), _HeadTail(self._cfg.capture_bytes)
+    window = bytearray()
+    timed_out = output_limited = False
+    crashed, done = "", None
+    with selectors.DefaultSelector() as sel:
+      sel.register(proc.stdout, selectors.EVENT_READ, out)
+      sel.register(proc.stderr, selectors.EVENT_READ, err)
+      while done is None:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+          timed_out = True
+          break
+        if proc.stdout not in [k.fileobj for k in sel.get_map().values()]:
+          crashed = "the sandbox process ended before answering"
+          break
+        for key, _ in sel.select(timeout=left):
+          data = os.read(key.fd, 65536)
+          if not data:
+            sel.unregister(key.fileobj)
+            continue
+          key.data.add(data)
+          if key.data is out:
+            window += data
+            del window[: max(0, len(window) - 4096)]
+            at = window.find(marker)
+            if at >= 0 and window.endswith(b"\n"):
+              done = window[at + len(marker):].split(b"\n", 1)[0].decode("ascii", "replace")
+              out.strip_suffix(len(window) - at)
+          if out.total + err.total > self._cfg.output_kill_bytes:
+            output_limited = True
+            break
+        if output_limited:
+          break
+      if done is not None:  # The child has exited: what it wrote to stderr is in the pipe.
+        while proc.stderr in [k.fileobj for k in sel.get_map().values()] and sel.select(0):
+          data = os.read(proc.stderr.fileno(), 65536)
+          if not data:
+            break
+          err.add(data)
+    code, keep = None, False
+    if done is not None:
+      try:
+        code_s, dirty_s, cpu_s = done.split()
+        code = int(code_s)
+        keep = dirty_s == "0" and float(cpu_s) < self._cfg.cpu_s / 2
+      except ValueError:
+        crashed = f"unreadable answer from the sandbox: {done[:80]!r}"
+    return RunResult(
+        exit_code=code, stdout=out.text(), stderr=err.text(), stdout_bytes=out.total,
+        stderr_bytes=err.total, timed_out=timed_out, output_limited=output_limited,
+        duration_s=time.perf_counter() - t0, signal=-code if code is not None and code < 0 else None,
+        crashed=crashed), keep
+
+  def _kill_tree(self, proc: subprocess.Popen) -> None:
+    try:
+      os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+      pass
+    if self.uid is not None:
+      self.kill_all()
+
+  def kill_all(self) -> None:
+    """Kills every process of this sandbox's uid (atomically, as that uid)."""
+    if self.uid is None or self.uid == 0 or self.uid == os.getuid():
+      return
+    subprocess.run([self._kill, "-s", "KILL", "--", "-1"], user=self.uid, group=self.uid,
+                   extra_groups=[], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, close_fds=True, check=False)
+
+  def close(self) -> None:
+    if self._closed:
+      return
+    self._closed = True
+    try:
+      self._stop_server()
+      if self.uid is not None:
+        self.kill_all()
+      self.workspace.close()
+    finally:
+      if self._pool is not None:
+        self._pool.release(self.uid)
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()

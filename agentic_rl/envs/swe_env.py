@@ -1,0 +1,361 @@
+"""The software-engineering environment: fix a generated repository until its tests pass.
+
+Tools (grammar in agentic_rl/envs/tool_call.py): ls, view, replace, test,
+python, submit; each task's allowlist says which it may call. Every step is
+one turn and one audit line, whatever the action was. Nothing the policy emits
+raises out of `step`: malformed calls, unknown or denied tools, bad arguments,
+paths outside the workspace, crashing or hostile code all become an error
+observation and an audited decision.
+
+Reward: the fraction of tests passing at submit (`budget_end_reward` decides
+what an episode ended by a budget gets). Process signal: after every turn
+that changes or measures the code (replace, test, submit), the env knows the
+fraction of tests passing; info['process_signal'] is its change this turn, so
+over an episode the signals sum to final minus initial fraction. With
+`process_signal_on_edit` a replace triggers a hidden test run, so the credit
+lands on the edit that earned it.
+
+The test file is restored from the task record before every test run and is
+not editable, and the runner is sent from the host (not read from the
+workspace), so editing the tests is not a way to pass them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import secrets
+import time
+import uuid
+import weakref
+
+import ml_collections
+
+from agentic_rl.envs import sandbox_server
+from agentic_rl.envs.audit import AuditLog
+from agentic_rl.envs.config import default_env_config, validate_env_config
+from agentic_rl.envs.env import StepResult
+from agentic_rl.envs.permissions import PermissionPolicy
+from agentic_rl.envs.sandbox import Sandbox, resolve_isolation
+from agentic_rl.envs.swe_tasks import SweTask
+from agentic_rl.envs.tool_call import ToolCallError, parse_tool_call
+from agentic_rl.envs.workspace import FileToolError, PathRefused
+
+log = logging.getLogger(__name__)
+_MAX_LISTED_FAILURES = 12
+_USAGE = {
+    "ls": "ls", "view": "view PATH [START [END]]",
+    "replace": "replace PATH START END + new lines", "test": "test",
+    "python": "python + script lines", "submit": "submit"}
+
+
+@dataclasses.dataclass
+class _Outcome:
+  observation: str
+  decision: str = "allowed"
+  reason: str = ""
+  exit_code: int | None = None
+  output_bytes: int = 0
+  tests_passed: int | None = None  # Set when this turn measured the tests.
+  submitted: bool = False
+
+
+def bound_text(text: str, limit: int) -> tuple[str, bool]:
+  """`text` cut to at most `limit` chars, saying so when cut."""
+  if len(text) <= limit:
+    return text, False
+  marker = f"\n[output truncated: {{}} of {len(text)} chars shown]"
+  keep = max(0, limit - len(marker.format(limit)))
+  return text[:keep] + marker.format(keep), True
+
+
+class SweEnv:
+  """One trajectory at a time; see agentic_rl/envs/env.py for the protocol."""
+
+  def __init__(self, config: ml_collections.ConfigDict | None = None,
+               audit_log: AuditLog | None = None):
+    self.config = validate_env_config(config if config is not None else default_env_config())
+    c = self.config
+    self.audit = audit_log if audit_log is not None else AuditLog(
+        None, max_arg_chars=c.audit_max_arg_chars)
+    self._sandbox: Sandbox | None = None
+    self._finalizer = None
+    self._task: SweTask | None = None
+    self.done = True
+    self.trajectory_id = ""
+    self.turn = 0
+    self._tools = {"ls": self._ls, "view": self._view, "replace": self._replace,
+                   "test": self._test, "python": self._python, "submit": self._submit}
+
+  # ---- protocol ----
+
+  @property
+  def isolation(self) -> str:
+    return resolve_isolation(self.config).level
+
+  def reset(self, task: SweTask, trajectory_id: str | None = None) -> str:
+    if not isinstance(task, SweTask):
+      raise TypeError(f"SweEnv.reset needs a SweTask, got {type(task).__name__}")
+    self._close_sandbox()
+    self._sandbox = Sandbox(self.config)
+    self._finalizer = weakref.finalize(self, self._sandbox.close)
+    self._sandbox.workspace.write_initial(task.files)
+    self._task = task
+    self._policy = PermissionPolicy(task.allowlist)
+    self.trajectory_id = trajectory_id or uuid.uuid4().hex[:16]
+    self.turn = 0
+    self.done = False
+    self._t0 = time.monotonic()
+    self.tests_total = task.num_tests
+    self.tests_passed = task.initial_passed
+    tools = " | ".join(_USAGE[t] for t in _USAGE if t in task.allowlist)
+    obs = (f"Repository with failing tests. Fix the code so that all tests pass, then submit.\n"
+           f"Tools: {tools}\nOne call per turn: <tool_call>NAME ARGS</tool_call>")
+    return bound_text(obs, self.config.max_observation_chars)[0]
+
+  def step(self, action_text: str) -> StepResult:
+    if self._task is None:
+      raise RuntimeError("SweEnv.step before reset()")
+    if self.done:
+      raise RuntimeError("SweEnv.step after the episode ended; call reset() for a new one")
+    c = self.config
+    self.turn += 1
+    t_start = time.perf_counter()
+    before = self.tests_passed
+    tool, args = None, {}
+    if time.monotonic() - self._t0 >= c.time_budget_s:
+      out = _Outcome(f"time budget of {c.time_budget_s:g}s is used up; the action was not run",
+                     decision="denied", reason="time budget exhausted")
+      args = {"raw": action_text if isinstance(action_text, str) else repr(action_text)}
+    else:
+      call = parse_tool_call(action_text, max_call_chars=c.max_tool_call_chars,
+                             max_body_chars=c.max_body_chars, max_path_chars=c.max_path_chars)
+      if isinstance(call, ToolCallError):
+        tool = call.tool
+        args = {"raw": action_text if isinstance(action_text, str) else repr(action_text)}
+        out = _Outcome(f"error: {call.message}", decision="error", reason=call.message)
+      else:
+        tool, args = call.name, call.args
+        allowed, why = self._policy.check(tool)
+        if not allowed:
+          out = _Outcome(f"denied: {why}", decision="denied", reason=why)
+        else:
+          out = self._run_tool(tool, args)
+    if out.tests_passed is not None:
+      self.tests_passed = out.tests_passed
+
+    end_reason, reward = None, 0.0
+    if out.submitted:
+      end_reason, reward = "submit", self.tests_passed / self.tests_total
+    elif out.reason == "time budget exhausted" or time.monotonic() - self._t0 >= c.time_budget_s:
+      end_reason = "time_budget"
+    elif self.turn >= c.max_turns:
+      end_reason = "turn_budget"
+    observation = out.observation
+    if end_reason in ("time_budget", "turn_budget"):
+      if c.budget_end_reward == "tests_fraction":
+        if not c.process_signal_on_edit:
+          self.tests_passed = self._measure_tests()[0]
+        reward = self.tests_passed / self.tests_total
+      budget = "time" if end_reason == "time_budget" else "turn"
+      suffix = f"\n[episode over: {budget} budget reached; reward {reward:.2f}]"
+    else:
+      suffix = ""
+    observation, truncated = bound_text(observation, c.max_observation_chars - len(suffix))
+    observation += suffix
+    self.done = end_reason is not None
+    duration = time.perf_counter() - t_start
+    signal = (self.tests_passed - before) / self.tests_total
+    entry = self.audit.record(
+        trajectory_id=self.trajectory_id, turn=self.turn, tool=tool, args=args,
+        decision=out.decision, reason=out.reason, exit_code=out.exit_code, duration_s=duration,
+        output_bytes=out.output_bytes,
+        output_sha256=hashlib.sha256(observation.encode("utf-8", "replace")).hexdigest(),
+        extra={"tests_passed": self.tests_passed, "tests_total": self.tests_total,
+               "end_reason": end_reason})
+    info = {"tool": tool, "decision": out.decision, "reason": out.reason,
+            "process_signal": signal, "tests_passed": self.tests_passed,
+            "tests_total": self.tests_total, "turn": self.turn, "duration_s": duration,
+            "observation_truncated": truncated, "trajectory_id": self.trajectory_id,
+            "audit_seq": entry["seq"], "isolation": self._sandbox.isolation}
+    if self.done:
+      info["end_reason"] = end_reason
+    return StepResult(observation, float(reward), self.done, info)
+
+  def close(self) -> None:
+    self._close_sandbox()
+    self.done = True
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  def _close_sandbox(self) -> None:
+    if self._finalizer is not None:
+      self._finalizer()  # Runs Sandbox.close once: kills leftovers, removes the workspace.
+      self._finalizer = None
+    self._sandbox = None
+
+  # ---- tools ----
+
+  def _run_tool(self, tool: str, args: dict) -> _Outcome:
+    try:
+      return self._tools[tool](**args)
+    except PathRefused as e:
+      return _Outcome(f"denied: {e}", decision="denied", reason=str(e))
+    except FileToolError as e:
+      return _Outcome(f"error: {e}", decision="error", reason=str(e))
+    except OSError as e:  # A host-side failure; reported, logged, never raised into the rollout.
+      log.exception("tool %s failed on the host", tool)
+      why = f"tool failed on the host: {type(e).__name__}: {e.strerror or e}"
+      return _Outcome(f"error: {why}", decision="error", reason=why)
+
+  def _ls(self) -> _Outcome:
+    entries, total = self._sandbox.workspace.list_files(50, self.config.max_file_bytes)
+    text = "\n".join(entries) if entries else "(no files)"
+    if total > len(entries):
+      text += f"\n[{total - len(entries)} more entries not shown]"
+    return _Outcome(text, output_bytes=len(text))
+
+  def _read_lines(self, path: str) -> list[str]:
+    text = self._sandbox.workspace.read_text(path, self.config.max_file_bytes)
+    lines = text.split("\n")
+    return lines[:-1] if text.endswith("\n") else lines
+
+  def _view(self, path: str, start: int | None = None, end: int | None = None) -> _Outcome:
+    lines = self._read_lines(path)
+    n = len(lines)
+    if n == 0:
+      return _Outcome(f"{path} is empty", output_bytes=0)
+    start = 1 if start is None else start
+    if start < 1:
+      return _Outcome("error: START must be >= 1", decision="error", reason="bad line range")
+    if start > n:
+      return _Outcome(f"error: START {start} is past the end of {path} ({n} lines)",
+                      decision="error", reason="bad line range")
+    if end is not None and end < start:
+      return _Outcome(f"error: END {end} is before START {start}", decision="error",
+                      reason="bad line range")
+    last = min(n, end if end is not None else n, start + self.config.view_max_lines - 1)
+    # Show whole lines only, as many as fit in one observation.
+    budget = self.config.max_observation_chars - 60
+    shown, size = [], 0
+    for i in range(start, last + 1):
+      row = f"{i}|{lines[i - 1]}"
+      if size + len(row) + 1 > budget and shown:
+        break
+      shown.append(row)
+      size += len(row) + 1
+    last = start + len(shown) - 1
+    text = f"{path} lines {start}-{last} of {n}:\n" + "\n".join(shown)
+    return _Outcome(text, output_bytes=sum(len(x) + 1 for x in lines))
+
+  def _replace(self, path: str, start: int, end: int, text: str) -> _Outcome:
+    ws, task = self._sandbox.workspace, self._task
+    editable = {ws.resolve(p) for p in task.editable}
+    if ws.resolve(path) not in editable:
+      why = f"{path} is read-only; editable: {', '.join(task.editable)}"
+      return _Outcome(f"denied: {why}", decision="denied", reason=why)
+    new_lines = [] if text == "" else text.split("\n")
+    if len(new_lines) > self.config.max_replace_lines:
+      return _Outcome(f"error: {len(new_lines)} lines, limit {self.config.max_replace_lines}",
+                      decision="error", reason="too many lines")
+    lines = self._read_lines(path)
+    n = len(lines)
+    if not 1 <= start <= n + 1 or not start - 1 <= end <= n:
+      why = (f"bad range {start}-{end} for {path} ({n} lines): need 1 <= START <= {n + 1} "
+             "and START-1 <= END <= " + str(n))
+      return _Outcome(f"error: {why}", decision="error", reason="bad line range")
+    updated = lines[: start - 1] + new_lines + lines[end:]
+    ws.write_text(path, "\n".join(updated) + ("\n" if updated else ""))
+    what = "inserted" if end == start - 1 else f"replaced lines {start}-{end} with"
+    shown = "\n".join(f"{start + k}|{s}" for k, s in enumerate(new_lines[:10]))
+    obs = (f"{path}: {what} {len(new_lines)} line(s); now {len(updated)} lines"
+           + (f"\n{shown}" if shown else ""))
+    out = _Outcome(obs, output_bytes=len(obs))
+    if self.config.process_signal_on_edit:
+      out.tests_passed = self._measure_tests()[0]
+    return out
+
+  def _measure_tests(self) -> tuple[int, str, object]:
+    """(passed, observation text, RunResult) from one sandboxed run of the pristine tests."""
+    task, sb = self._task, self._sandbox
+    sb.workspace.restore_file(task.test_path, task.test_text)
+    nonce = secrets.token_hex(8)
+    r = sb.request({"id": nonce, "kind": "tests", "test_module": task.test_path[:-3],
+                    "max_repr": 80, "max_output": 300})
+    marker = sandbox_server.RESULT_PREFIX + nonce + " "
+    report = None
+    for line in reversed(r.stdout.splitlines()):
+      if line.startswith(marker):
+        try:
+          report = json.loads(line[len(marker):])
+        except json.JSONDecodeError:
+          report = None
+        break
+    total = task.num_tests
+    if report is None:
+      if r.timed_out:
+        return 0, f"TIMEOUT: the tests did not finish in {self.config.sandbox.timeout_s:g}s " \
+                  f"(killed)\n0/{total} passed", r
+      why = ("killed: output limit exceeded" if r.output_limited else r.crashed
+             or f"exit code {r.exit_code}")
+      tail = (r.stderr or r.stdout).strip()[-300:]
+      return 0, (f"the test run ended before reporting ({why})" + (f"\n{tail}" if tail else "")
+                 + f"\n0/{total} passed"), r
+    results = report.get("results", [])
+    passed = min(total, sum(1 for x in results if x.get("status") == "pass"))
+    rows = []
+    if report.get("import_error"):
+      rows.append(f"ERROR importing {task.test_path}: {report['import_error']}")
+    bad = [x for x in results if x.get("status") != "pass"]
+    for x in bad[:_MAX_LISTED_FAILURES]:
+      if x["status"] == "fail":
+        rows.append(f"FAIL {x['call']}: got {x['got']}, want {x['want']}")
+      else:
+        where = f" ({x['where']})" if x.get("where") else ""
+        rows.append(f"ERROR {x['call']}: {x['error']}{where}")
+    if len(bad) > _MAX_LISTED_FAILURES:
+      rows.append(f"... and {len(bad) - _MAX_LISTED_FAILURES} more failing")
+    if report.get("output"):
+      rows.append("output of the code under test:\n" + report["output"])
+    rows.append(f"all {total} tests passed" if passed == total else f"{passed}/{total} passed")
+    return passed, "\n".join(rows), r
+
+  def _test(self) -> _Outcome:
+    passed, text, r = self._measure_tests()
+    return _Outcome(text, decision="timeout" if r.timed_out else "allowed",
+                    reason="tests timed out" if r.timed_out else "", exit_code=r.exit_code,
+                    output_bytes=r.stdout_bytes + r.stderr_bytes, tests_passed=passed)
+
+  def _python(self, code: str) -> _Outcome:
+    r = self._sandbox.request({"id": secrets.token_hex(8), "kind": "python", "code": code})
+    out = (r.stdout + (("\n" if r.stdout and not r.stdout.endswith("\n") else "") + r.stderr
+                       if r.stderr else "")).rstrip("\n")
+    if r.timed_out:
+      head = f"timeout: killed after {self.config.sandbox.timeout_s:g}s"
+      decision, reason = "timeout", "wall-clock timeout"
+    elif r.output_limited:
+      head = f"killed: wrote over {self.config.sandbox.output_kill_bytes} bytes of output"
+      decision, reason = "allowed", "output limit"
+    elif r.crashed:
+      head = f"killed: {r.crashed}"
+      decision, reason = "allowed", r.crashed
+    else:
+      head = f"exit code {r.exit_code}"
+      decision, reason = "allowed", ""
+    return _Outcome(head + ("\n" + out if out else ""), decision=decision, reason=reason,
+                    exit_code=r.exit_code, output_bytes=r.stdout_bytes + r.stderr_bytes)
+
+  def _submit(self) -> _Outcome:
+    passed, text, r = self._measure_tests()
+    total = self._task.num_tests
+    obs = f"submitted: {passed}/{total} tests pass (reward {passed / total:.2f})"
+    return _Outcome(obs, decision="timeout" if r.timed_out else "allowed",
+                    reason="tests timed out" if r.timed_out else "", exit_code=r.exit_code,
+                    output_bytes=r.stdout_bytes + r.stderr_bytes, tests_passed=passed,
+                    submitted=True)

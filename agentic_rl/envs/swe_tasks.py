@@ -1,0 +1,394 @@
+"""Procedurally generated tiny Python repositories with injected bugs.
+
+A task is a module of short functions (drawn from templates with random names,
+constants and operators), a unittest file with data-driven subtests for the
+tested functions, and one injected bug in each of `num_bugs` tested
+functions. Everything is a pure function of (tier, seed): `generate_task` uses
+only `random.Random(f"swe:{tier}:{seed}")`.
+
+Every bug changes exactly one line and makes at least one test case fail (the
+generator checks this by running both versions on the cases); expected values
+come from the correct version. Nothing in the first observation reveals the
+bug: it must be found with view and test.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import random
+from collections.abc import Callable
+
+import ml_collections
+
+from agentic_rl.envs import mutations
+from agentic_rl.envs.config import default_env_config, validate_env_config
+
+# None of these shadows a standard-library module.
+_MODULE_NAMES = ("calc", "mathutil", "helpers", "metrics", "pricing", "scores", "tally", "ranges",
+                 "grades", "inventory", "billing", "toolbox", "arith", "counters", "numtools")
+_SAFE_BUILTINS = {"range": range, "len": len, "min": min, "max": max, "abs": abs, "sum": sum,
+                  "list": list, "int": int, "str": str, "bool": bool, "sorted": sorted}
+
+
+@dataclasses.dataclass(frozen=True)
+class Bug:
+  function: str
+  family: str
+  line: int  # 1-based line in the module file.
+  correct_line: str
+  buggy_line: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SweTask:
+  """A plain, picklable task record."""
+
+  seed: int
+  tier: str
+  split: str
+  module_path: str
+  test_path: str
+  files: dict  # path -> text, as the workspace starts (buggy module + tests).
+  editable: tuple[str, ...]  # Files replace may change.
+  allowlist: tuple[str, ...]  # Tools this task may call.
+  num_tests: int  # Subtests in the test file.
+  initial_passed: int  # Subtests the buggy module passes.
+  functions: tuple[str, ...]  # Tested functions, in test-file order.
+  distractors: tuple[str, ...]  # Untested functions.
+  bugs: tuple[Bug, ...]
+
+  @property
+  def test_text(self) -> str:
+    return self.files[self.test_path]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Function:
+  name: str
+  params: tuple[str, ...]
+  source: str  # Canonical (ast.unparse) source.
+  sample_args: Callable[[random.Random], tuple]
+  boundary_args: tuple[tuple, ...] = ()
+
+
+# ---- templates: each returns a _Function; `pick` draws distinct identifiers ----
+
+class _Names:
+  def __init__(self, rng: random.Random, taken: set[str]):
+    self.rng, self.taken = rng, taken
+
+  def pick(self, options: tuple[str, ...]) -> str:
+    free = [o for o in options if o not in self.taken]
+    if not free:
+      base = self.rng.choice(options)
+      k = 2
+      while f"{base}{k}" in self.taken:
+        k += 1
+      free = [f"{base}{k}"]
+    name = self.rng.choice(free)
+    self.taken.add(name)
+    return name
+
+
+def _small_list(rng, lo=0, hi=9, max_len=6, min_len=0):
+  return [rng.randint(lo, hi) for _ in range(rng.randint(min_len, max_len))]
+
+
+def _t_affine(rng, nm):
+  f = nm.pick(("scale", "adjust", "convert", "score", "weight", "boost"))
+  x = nm.pick(("x", "n", "value", "amount"))
+  a, b = rng.randint(2, 9), rng.randint(1, 12)
+  body = rng.choice((f"{x} * {a} + {b}", f"{x} * {a} - {b}", f"({x} + {b}) * {a}"))
+  return _Function(f, (x,), f"def {f}({x}):\n    return {body}",
+                   lambda r: (r.randint(-10, 20),), ((0,), (1,)))
+
+
+def _t_clamp(rng, nm):
+  f = nm.pick(("clamp", "bound", "limit", "restrict"))
+  x, lo, hi = nm.pick(("x", "v", "level")), nm.pick(("lo", "low", "floor_")), nm.pick(("hi", "high", "cap"))
+  src = (f"def {f}({x}, {lo}, {hi}):\n    if {x} < {lo}:\n        return {lo}\n"
+         f"    if {x} > {hi}:\n        return {hi}\n    return {x}")
+
+  def sample(r):
+    a = r.randint(-5, 5)
+    b = a + r.randint(1, 10)
+    return (r.choice((a, b, r.randint(a - 5, b + 5), r.randint(a, b))), a, b)
+  return _Function(f, (x, lo, hi), src, sample, ((0, 0, 5), (5, 0, 5), (-1, 0, 5), (6, 0, 5)))
+
+
+def _t_series(rng, nm):
+  f = nm.pick(("series", "accumulate", "triangle", "ramp"))
+  n, acc, i = nm.pick(("n", "count", "steps")), nm.pick(("total", "acc", "result")), nm.pick(("i", "k", "j"))
+  c = rng.randint(2, 5)
+  start = rng.choice((f"range(1, {n} + 1)", f"range({n})"))
+  step = rng.choice((f"{i} * {c}", f"{i} + {c}"))
+  src = (f"def {f}({n}):\n    {acc} = 0\n    for {i} in {start}:\n        {acc} += {step}\n"
+         f"    return {acc}")
+  return _Function(f, (n,), src, lambda r: (r.randint(0, 9),), ((0,), (1,), (2,)))
+
+
+def _t_count_cmp(rng, nm):
+  f = nm.pick(("count_above", "count_big", "count_over", "tally_high"))
+  xs, t, c, x = nm.pick(("xs", "values", "items")), nm.pick(("t", "limit_", "threshold")), \
+      nm.pick(("c", "hits", "count")), nm.pick(("x", "v", "item"))
+  op = rng.choice((">", ">=", "<", "<="))
+  src = (f"def {f}({xs}, {t}):\n    {c} = 0\n    for {x} in {xs}:\n        if {x} {op} {t}:\n"
+         f"            {c} += 1\n    return {c}")
+
+  def sample(r):
+    v = _small_list(r)
+    return (v, r.choice(v) if v and r.random() < 0.6 else r.randint(0, 9))
+  return _Function(f, (xs, t), src, sample, (([1, 5, 5, 9], 5), ([], 3), ([2, 2], 2)))
+
+
+def _t_extreme(rng, nm):
+  big = rng.random() < 0.5
+  f = nm.pick(("largest", "biggest", "peak") if big else ("smallest", "lowest", "minimum"))
+  xs, best, x = nm.pick(("xs", "values", "nums")), nm.pick(("best", "top", "m")), nm.pick(("x", "v", "num"))
+  op = ">" if big else "<"
+  src = (f"def {f}({xs}):\n    {best} = {xs}[0]\n    for {x} in {xs}:\n        if {x} {op} {best}:\n"
+         f"            {best} = {x}\n    return {best}")
+  return _Function(f, (xs,), src, lambda r: (_small_list(r, -9, 9, 6, 1),),
+                   (([3, 1, 2],), ([1, 2, 3],), ([5],)))
+
+
+def _t_piecewise(rng, nm):
+  f = nm.pick(("fee", "charge", "rate", "surcharge"))
+  x = nm.pick(("amount", "x", "price"))
+  a, b, c = rng.randint(5, 15), rng.randint(1, 5), rng.randint(1, 9)
+  op = rng.choice((">=", ">"))
+  src = f"def {f}({x}):\n    if {x} {op} {a}:\n        return {x} - {b}\n    return {x} + {c}"
+  return _Function(f, (x,), src, lambda r: (r.randint(0, 25),), ((a,), (a - 1,), (a + 1,)))
+
+
+def _t_slice(rng, nm):
+  f = nm.pick(("take", "head", "first", "prefix", "tail", "last"))
+  xs, n = nm.pick(("xs", "items", "seq")), nm.pick(("n", "k", "size"))
+  body = rng.choice((f"{xs}[:{n}]", f"{xs}[{n}:]", f"{xs}[:{n} + 1]"))
+  return _Function(f, (xs, n), f"def {f}({xs}, {n}):\n    return {body}",
+                   lambda r: (_small_list(r, 0, 9, 7), r.randint(0, 5)), (([1, 2, 3], 1),))
+
+
+def _t_midpoint(rng, nm):
+  f = nm.pick(("midpoint", "middle", "mean2", "center"))
+  a, b = nm.pick(("a", "lo", "start")), nm.pick(("b", "hi", "end"))
+  d = rng.choice((2, 3, 4))
+  return _Function(f, (a, b), f"def {f}({a}, {b}):\n    return ({a} + {b}) // {d}",
+                   lambda r: (r.randint(-10, 20), r.randint(-10, 20)), ((1, 2), (4, 4)))
+
+
+def _t_distance(rng, nm):
+  f = nm.pick(("distance", "gap", "spread", "delta"))
+  a, b = nm.pick(("a", "p", "first")), nm.pick(("b", "q", "second"))
+  src = f"def {f}({a}, {b}):\n    if {a} > {b}:\n        return {a} - {b}\n    return {b} - {a}"
+  return _Function(f, (a, b), src, lambda r: (r.randint(-9, 9), r.randint(-9, 9)),
+                   ((3, 3), (5, 2), (2, 5)))
+
+
+def _t_in_range(rng, nm):
+  f = nm.pick(("in_range", "within", "inside", "is_valid"))
+  x, lo, hi = nm.pick(("x", "v", "n")), nm.pick(("lo", "low", "start")), nm.pick(("hi", "high", "stop"))
+  src = f"def {f}({x}, {lo}, {hi}):\n    return {lo} <= {x} and {x} < {hi}"
+
+  def sample(r):
+    a = r.randint(-5, 5)
+    b = a + r.randint(1, 8)
+    return (r.choice((a, b, a - 1, b - 1, r.randint(a - 3, b + 3))), a, b)
+  return _Function(f, (x, lo, hi), src, sample, ((0, 0, 3), (3, 0, 3), (2, 0, 3), (-1, 0, 3)))
+
+
+def _t_product(rng, nm):
+  f = nm.pick(("product", "multiply_all", "prod"))
+  xs, p, v = nm.pick(("xs", "factors", "nums")), nm.pick(("p", "out", "acc")), nm.pick(("v", "x", "f"))
+  src = f"def {f}({xs}):\n    {p} = 1\n    for {v} in {xs}:\n        {p} *= {v}\n    return {p}"
+  return _Function(f, (xs,), src, lambda r: (_small_list(r, 0, 5, 4),), (([],), ([2, 3],)))
+
+
+def _t_sum_multiples(rng, nm):
+  f = nm.pick(("sum_multiples", "sum_even", "add_divisible"))
+  xs, k, s, v = nm.pick(("xs", "values", "nums")), nm.pick(("k", "m", "d")), \
+      nm.pick(("s", "total", "acc")), nm.pick(("v", "x", "num"))
+  src = (f"def {f}({xs}, {k}):\n    {s} = 0\n    for {v} in {xs}:\n        if {v} % {k} == 0:\n"
+         f"            {s} += {v}\n    return {s}")
+  return _Function(f, (xs, k), src, lambda r: (_small_list(r, 0, 12, 6), r.randint(2, 4)),
+                   (([2, 3, 4, 6], 2), ([5], 5)))
+
+
+def _t_repeat(rng, nm):
+  f = nm.pick(("repeat", "echo", "stamp"))
+  s, n = nm.pick(("s", "text", "word")), nm.pick(("n", "times", "k"))
+  suffix = rng.choice(("!", ".", "?", "-"))
+  src = f"def {f}({s}, {n}):\n    return {s} * {n} + {suffix!r}"
+  return _Function(f, (s, n), src, lambda r: (r.choice(("ab", "x", "hey", "no")), r.randint(0, 3)),
+                   (("a", 0), ("ab", 2)))
+
+
+def _t_count_char(rng, nm):
+  f = nm.pick(("count_char", "occurrences", "letter_count"))
+  s, ch, n, c = nm.pick(("s", "text", "word")), nm.pick(("ch", "letter", "target")), \
+      nm.pick(("n", "found", "hits")), nm.pick(("c", "char", "x"))
+  src = (f"def {f}({s}, {ch}):\n    {n} = 0\n    for {c} in {s}:\n        if {c} == {ch}:\n"
+         f"            {n} += 1\n    return {n}")
+  return _Function(f, (s, ch), src,
+                   lambda r: (r.choice(("banana", "abc", "", "aaa", "hello")), r.choice("abnl")),
+                   (("banana", "a"), ("", "a")))
+
+
+def _t_discount(rng, nm):
+  f = nm.pick(("discount", "sale_price", "reduce"))
+  p, lim = nm.pick(("price", "cost", "p")), rng.randint(10, 30)
+  d = rng.choice((2, 4, 5, 10))
+  src = f"def {f}({p}):\n    if {p} > {lim}:\n        return {p} - {p} // {d}\n    return {p}"
+  return _Function(f, (p,), src, lambda r: (r.randint(0, 60),), ((lim,), (lim + 1,), (lim - 1,)))
+
+
+TEMPLATES = (_t_affine, _t_clamp, _t_series, _t_count_cmp, _t_extreme, _t_piecewise, _t_slice,
+             _t_midpoint, _t_distance, _t_in_range, _t_product, _t_sum_multiples, _t_repeat,
+             _t_count_char, _t_discount)
+
+
+# ---- evaluation of generated code (trusted: it is ours) ----
+
+def _compile(source: str, name: str) -> Callable:
+  ns: dict = {"__builtins__": _SAFE_BUILTINS}
+  exec(compile(source, f"<{name}>", "exec"), ns)
+  return ns[name]
+
+
+def _outcome(fn: Callable, args: tuple):
+  try:
+    return ("ok", fn(*_copy_args(args)))
+  except Exception as e:  # A buggy version may raise; that is a failing test.
+    return ("raise", type(e).__name__)
+
+
+def _copy_args(args: tuple) -> tuple:
+  return tuple(list(a) if isinstance(a, list) else a for a in args)
+
+
+def _literal_ok(v) -> bool:
+  try:
+    return ast.literal_eval(repr(v)) == v and type(ast.literal_eval(repr(v))) is type(v)
+  except (ValueError, SyntaxError):
+    return False
+
+
+def _case_pool(fn: _Function, rng: random.Random, size: int = 40) -> list[tuple]:
+  pool = []
+  for args in list(fn.boundary_args) + [fn.sample_args(rng) for _ in range(size)]:
+    if args not in pool:
+      pool.append(args)
+  return pool
+
+
+def _render_test_method(fn: _Function, cases: list[tuple[tuple, object]]) -> str:
+  ps = ", ".join(fn.params)
+  rows = ", ".join(repr((*args, want)) for args, want in cases)
+  kw = ", ".join(f"{p}={p}" for p in fn.params)
+  return (f"    def test_{fn.name}(self):\n"
+          f"        for {ps}, want in [{rows}]:\n"
+          f"            with self.subTest({kw}):\n"
+          f"                self.assertEqual({fn.name}({ps}), want)\n")
+
+
+def generate_task(seed: int, tier: str | None = None, split: str = "train",
+                  config: ml_collections.ConfigDict | None = None) -> SweTask:
+  """The task of `seed` in `tier`; deterministic, and every bug is caught by a test."""
+  config = validate_env_config(config if config is not None else default_env_config())
+  tier = config.default_tier if tier is None else tier
+  if tier not in config.tiers:
+    raise ValueError(f"unknown tier {tier!r}; tiers: {sorted(config.tiers.keys())}")
+  if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+  t = config.tiers[tier]
+  n_total = t.num_functions + t.num_distractors
+  if n_total > len(TEMPLATES):
+    raise ValueError(f"tier {tier!r} needs {n_total} functions; only {len(TEMPLATES)} templates")
+  rng = random.Random(f"swe:{tier}:{seed}")
+  module = rng.choice(_MODULE_NAMES)
+  names = _Names(rng, {module, f"test_{module}", "want", "self", "unittest"})
+  templates = rng.sample(TEMPLATES, n_total)
+  fns = [tmpl(rng, names) for tmpl in templates]
+  fns = [dataclasses.replace(f, source=mutations.canonical(f.source)) for f in fns]
+  tested, distractors = fns[: t.num_functions], fns[t.num_functions:]
+  order = list(range(n_total))
+  rng.shuffle(order)
+
+  # Cases for every tested function; expected values from the correct version.
+  pools = {}
+  for f in tested:
+    correct = _compile(f.source, f.name)
+    pool = []
+    for args in _case_pool(f, rng):
+      kind, value = _outcome(correct, args)
+      if kind == "ok" and _literal_ok(value) and all(_literal_ok(a) for a in args):
+        pool.append((args, value))
+    pools[f.name] = pool
+
+  buggy_names = [f.name for f in rng.sample(tested, t.num_bugs)]
+  bug_sources, bugs_by_fn, cases = {}, {}, {}
+  families = list(config.bug_families)
+  for f in tested:
+    pool = pools[f.name]
+    if f.name not in buggy_names:
+      cases[f.name] = rng.sample(pool, min(t.cases_per_function, len(pool)))
+      continue
+    fam_order = families[:]
+    rng.shuffle(fam_order)
+    chosen = None
+    for fam in fam_order:
+      options = list(mutations.mutated_sources(f.source, expert=False, family=fam))
+      rng.shuffle(options)
+      for m, line, old, new in options:
+        buggy_src = "\n".join(new if i == line else s for i, s in enumerate(f.source.split("\n")))
+        try:
+          buggy = _compile(buggy_src, f.name)
+        except SyntaxError:
+          continue
+        catching = [c for c in pool if _outcome(buggy, c[0]) != ("ok", c[1])]
+        if catching:
+          chosen = (fam, line, old, new, buggy_src, catching)
+          break
+      if chosen:
+        break
+    if chosen is None:
+      raise RuntimeError(f"no detectable bug for {f.name} (seed {seed}, tier {tier})")
+    fam, line, old, new, buggy_src, catching = chosen
+    first = rng.choice(catching)
+    rest = [c for c in pool if c is not first]
+    cs = [first] + rng.sample(rest, min(t.cases_per_function - 1, len(rest)))
+    rng.shuffle(cs)
+    cases[f.name] = cs
+    bug_sources[f.name] = buggy_src
+    bugs_by_fn[f.name] = (fam, line, old, new)
+
+  # The module: functions in shuffled order, one blank line apart.
+  module_sources, bugs, lineno = [], [], 1
+  for k in order:
+    f = fns[k]
+    src = bug_sources.get(f.name, f.source)
+    if f.name in bugs_by_fn:
+      fam, line, old, new = bugs_by_fn[f.name]
+      bugs.append(Bug(f.name, fam, lineno + line, old, new))
+    module_sources.append(src)
+    lineno += src.count("\n") + 2
+  module_text = "\n\n".join(module_sources) + "\n"
+  tested_in_order = [fns[k] for k in order if fns[k] in tested]
+  test_text = (f"import unittest\nfrom {module} import {', '.join(f.name for f in tested_in_order)}"
+               f"\n\n\nclass Test{module.title().replace('_', '')}(unittest.TestCase):\n"
+               + "\n".join(_render_test_method(f, cases[f.name]) for f in tested_in_order))
+
+  num_tests = sum(len(cases[f.name]) for f in tested)
+  passed = 0
+  for f in tested:
+    impl = _compile(bug_sources.get(f.name, f.source), f.name)
+    passed += sum(_outcome(impl, args) == ("ok", want) for args, want in cases[f.name])
+  mod_path, test_path = f"{module}.py", f"test_{module}.py"
+  return SweTask(
+      seed=seed, tier=tier, split=split, module_path=mod_path, test_path=test_path,
+      files={mod_path: module_text, test_path: test_text}, editable=(mod_path,),
+      allowlist=tuple(t.allowlist), num_tests=num_tests, initial_passed=passed,
+      functions=tuple(f.name for f in tested_in_order),
+      distractors=tuple(fns[k].name for k in order if fns[k] in distractors),
+      bugs=tuple(sorted(bugs, key=lambda b: b.line)))

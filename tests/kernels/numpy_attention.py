@@ -1,0 +1,159 @@
+"""Independent float64 numpy references for the attention kernels, written as plain loops.
+
+Nothing here imports `kernels`: each function restates the contract of
+kernels/reference.py from its docstrings (visibility by position, -1 is padding,
+a query that sees no key outputs zeros, GQA head h reads kv head h // (H / K)).
+Model tests reuse these for layer-level references.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def visibility(q_pos_bt, k_pos_bs, window=None):
+  """[B, T, S] bool: key visible when 0 <= p_k <= p_q (and p_q - p_k < window)."""
+  q_pos_bt, k_pos_bs = np.asarray(q_pos_bt), np.asarray(k_pos_bs)
+  b, t = q_pos_bt.shape
+  s = k_pos_bs.shape[1]
+  mask = np.zeros((b, t, s), bool)
+  for bi in range(b):
+    for ti in range(t):
+      pq = q_pos_bt[bi, ti]
+      for si in range(s):
+        pk = k_pos_bs[bi, si]
+        ok = pq >= 0 and 0 <= pk <= pq
+        if window is not None:
+          ok = ok and pq - pk < window
+        mask[bi, ti, si] = ok
+  return mask
+
+
+def attention(q_bthd, k_bshd, v_bshd, mask_bkts):
+  """Softmax attention with a per-kv-group mask [B, K, T, S] (or [B, T, S] for all groups)."""
+  q = np.asarray(q_bthd, np.float64)
+  k = np.asarray(k_bshd, np.float64)
+  v = np.asarray(v_bshd, np.float64)
+  b, t, h, d = q.shape
+  num_kv = k.shape[2]
+  group = h // num_kv
+  mask = np.asarray(mask_bkts)
+  if mask.ndim == 3:
+    mask = np.broadcast_to(mask[:, None], (b, num_kv) + mask.shape[1:])
+  out = np.zeros((b, t, h, d))
+  for bi in range(b):
+    for ti in range(t):
+      for hi in range(h):
+        kv = hi // group
+        visible = np.nonzero(mask[bi, kv, ti])[0]
+        if visible.size == 0:
+          continue
+        scores = k[bi, visible, kv] @ q[bi, ti, hi] / np.sqrt(d)
+        p = np.exp(scores - scores.max())
+        out[bi, ti, hi] = (p / p.sum()) @ v[bi, visible, kv]
+  return out
+
+
+def block_means(k_bshd, lengths_b, block_size):
+  """[B, N, K, D]: mean of the keys at positions < length in each block; 0 if none."""
+  k = np.asarray(k_bshd, np.float64)
+  b, s, num_kv, d = k.shape
+  n = s // block_size
+  out = np.zeros((b, n, num_kv, d))
+  for bi in range(b):
+    for ni in range(n):
+      rows = [p for p in range(ni * block_size, (ni + 1) * block_size) if p < lengths_b[bi]]
+      if rows:
+        out[bi, ni] = k[bi, rows].mean(axis=0)
+  return out
+
+
+def raw_block_scores(q_bthd, block_keys_bnkd):
+  """[B, K, T, N]: the group's mean query . the block's mean key / sqrt(D), unmasked."""
+  q = np.asarray(q_bthd, np.float64)
+  bk = np.asarray(block_keys_bnkd, np.float64)
+  b, t, h, d = q.shape
+  num_kv = bk.shape[2]
+  group = h // num_kv
+  out = np.zeros((b, num_kv, t, bk.shape[1]))
+  for bi in range(b):
+    for kv in range(num_kv):
+      for ti in range(t):
+        q_mean = q[bi, ti, kv * group:(kv + 1) * group].mean(axis=0)
+        out[bi, kv, ti] = bk[bi, :, kv] @ q_mean / np.sqrt(d)
+  return out
+
+
+def blocks_token_mask(blocks_bktn, q_pos_bt, num_keys, block_size):
+  """[B, K, T, S]: key s is attended when its block is selected and s <= the query position."""
+  blocks = np.asarray(blocks_bktn)
+  q_pos = np.asarray(q_pos_bt)
+  b, num_kv, t, _ = blocks.shape
+  mask = np.zeros((b, num_kv, t, num_keys), bool)
+  for bi in range(b):
+    for kv in range(num_kv):
+      for ti in range(t):
+        for blk in blocks[bi, kv, ti]:
+          if blk < 0:
+            continue
+          for s in range(blk * block_size, min((blk + 1) * block_size, num_keys)):
+            if s <= q_pos[bi, ti]:
+              mask[bi, kv, ti, s] = True
+  return mask
+
+
+def check_topk_selection(blocks_bktn, raw_scores_bktn, q_pos_bt, block_size, num_selected,
+                         tie_tol=1e-5):
+  """Asserts that `blocks` is a top-n selection under the documented rule.
+
+  For a query at position p (own block o = p // B): the own block is always
+  selected, no block above o ever is, there are no duplicates, exactly
+  min(n, o + 1) slots are used and the rest are -1, and every selected past
+  block scores at least as high as every unselected visible one (up to tie_tol,
+  so float32 near-ties cannot make the check flaky). Padding queries select nothing.
+  """
+  blocks = np.asarray(blocks_bktn)
+  scores = np.asarray(raw_scores_bktn)
+  q_pos = np.asarray(q_pos_bt)
+  b, num_kv, t, n = blocks.shape
+  assert n == num_selected, (blocks.shape, num_selected)
+  for bi in range(b):
+    for kv in range(num_kv):
+      for ti in range(t):
+        row = blocks[bi, kv, ti]
+        where = f"(batch {bi}, kv group {kv}, query {ti}, position {q_pos[bi, ti]}): {row}"
+        used = row[row >= 0]
+        if q_pos[bi, ti] < 0:
+          assert used.size == 0, f"padding query selected blocks {where}"
+          continue
+        own = q_pos[bi, ti] // block_size
+        assert len(set(used.tolist())) == used.size, f"duplicate blocks {where}"
+        assert np.all(used <= own), f"future block selected {where}"
+        assert own in used, f"own block missing {where}"
+        assert used.size == min(n, own + 1), f"wrong number of used slots {where}"
+        # -1 slots may only trail when fewer than n blocks are visible.
+        assert np.sum(row < 0) == n - used.size, f"bad -1 slots {where}"
+        past_selected = [x for x in used if x != own]
+        past_unselected = [x for x in range(own) if x not in used]
+        if past_selected and past_unselected:
+          worst_in = min(scores[bi, kv, ti, x] for x in past_selected)
+          best_out = max(scores[bi, kv, ti, x] for x in past_unselected)
+          assert worst_in >= best_out - tie_tol, (
+              f"not the top-n by score {where}: selected min {worst_in}, "
+              f"unselected max {best_out}")
+
+
+def rope(x_bthk, positions_bt, theta):
+  """Half-split rotary embedding: pairs (i, i + D/2) rotate by p * theta^(-2i/D)."""
+  x = np.asarray(x_bthk, np.float64)
+  pos = np.asarray(positions_bt, np.float64)
+  d = x.shape[-1]
+  half = d // 2
+  out = np.empty_like(x)
+  for i in range(half):
+    angle = pos * theta ** (-2.0 * i / d)  # [B, T]
+    c, s = np.cos(angle)[:, :, None], np.sin(angle)[:, :, None]  # over heads
+    x1, x2 = x[..., i], x[..., i + half]
+    out[..., i] = x1 * c - x2 * s
+    out[..., i + half] = x2 * c + x1 * s
+  return out

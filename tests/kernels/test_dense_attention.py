@@ -1,0 +1,124 @@
+"""Dense, causal and sliding-window attention kernels against a float64 numpy loop.
+
+Tolerances: fp32 kernel vs float64 reference, atol = rtol = 1e-5 on outputs of O(1).
+Numerical gradients: jax.test_util.check_grads (rev mode, one random direction),
+eps 1e-2 and atol = rtol = 5e-3 (central differences in float32).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from kernels import reference
+from tests.kernels import numpy_attention as npa
+
+H, K, D = 4, 2, 8
+TOL = dict(atol=1e-5, rtol=1e-5)
+
+causal = jax.jit(reference.causal_attention)
+sliding = jax.jit(reference.sliding_window_attention, static_argnames="window")
+masked = jax.jit(reference.masked_attention)
+
+
+def qkv(seed, b, t, s):
+  rng = np.random.default_rng(seed)
+  return tuple(jnp.asarray(rng.standard_normal(shape), jnp.float32)
+               for shape in ((b, t, H, D), (b, s, K, D), (b, s, K, D)))
+
+
+def training_positions():
+  """Full sequences (queries = keys); row 1 is padded (-1) after 9 tokens."""
+  pos = np.tile(np.arange(12), (2, 1))
+  pos[1, 9:] = -1
+  return jnp.asarray(pos, jnp.int32), jnp.asarray(pos, jnp.int32)
+
+
+def cache_positions():
+  """A decode-like chunk against a ring-like key buffer: keys out of order, empty slots (-1),
+  a padding query, and queries that see no key at all (position 0 with key 0 absent)."""
+  q_pos = np.array([[13, 14, 15, 16, 17, -1], [0, 1, 2, 5, 9, 30]])
+  k_pos = np.array([[8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 4, 5, 6, 7, -1, -1],
+                    [3, 7, 1, -1, 2, 9, 5, 30, 4, 8, 6, 29, 28, -1, 27, 26]])
+  return jnp.asarray(q_pos, jnp.int32), jnp.asarray(k_pos, jnp.int32)
+
+
+CASES = {"training": (training_positions, 12, 12, 10), "cache": (cache_positions, 6, 16, 11)}
+
+
+@pytest.fixture(params=sorted(CASES), scope="module")
+def case(request):
+  make_positions, t, s, seed = CASES[request.param]
+  q_pos, k_pos = make_positions()
+  return qkv(seed, 2, t, s), q_pos, k_pos
+
+
+def test_masked_attention_matches_numpy_including_empty_rows():
+  q, k, v = qkv(0, 2, 6, 16)
+  mask = np.random.default_rng(1).random((2, 6, 16)) < 0.4
+  mask[0, 2] = False  # a row with no visible key must give zeros
+  out = masked(q, k, v, jnp.asarray(mask))
+  np.testing.assert_allclose(out, npa.attention(q, k, v, mask), **TOL)
+  np.testing.assert_array_equal(out[0, 2], 0.0)
+
+
+def test_causal_attention_matches_numpy(case):
+  (q, k, v), q_pos, k_pos = case
+  want = npa.attention(q, k, v, npa.visibility(q_pos, k_pos))
+  np.testing.assert_allclose(causal(q, k, v, q_pos, k_pos), want, **TOL)
+
+
+@pytest.mark.parametrize("window", [1, 4])
+def test_sliding_window_attention_matches_numpy(case, window):
+  (q, k, v), q_pos, k_pos = case
+  want = npa.attention(q, k, v, npa.visibility(q_pos, k_pos, window=window))
+  np.testing.assert_allclose(sliding(q, k, v, q_pos, k_pos, window=window), want, **TOL)
+
+
+def test_window_wider_than_context_is_exactly_causal(case):
+  (q, k, v), q_pos, k_pos = case
+  wide = sliding(q, k, v, q_pos, k_pos, window=64)  # every position difference is < 64
+  np.testing.assert_array_equal(wide, causal(q, k, v, q_pos, k_pos))
+
+
+def test_window_one_attends_only_to_itself():
+  q, k, v = qkv(3, 2, 12, 12)
+  q_pos, k_pos = training_positions()
+  out = np.asarray(sliding(q, k, v, q_pos, k_pos, window=1))
+  # Each query sees exactly its own key, so softmax weight 1 on its own value.
+  want = np.repeat(np.asarray(v), H // K, axis=2)
+  valid = np.asarray(q_pos) >= 0
+  np.testing.assert_allclose(out[valid], want[valid], **TOL)
+  np.testing.assert_array_equal(out[~valid], 0.0)
+
+
+@pytest.mark.parametrize("kernel", ["causal", "sliding"])
+def test_padding_rows_are_zero_with_finite_gradients(kernel):
+  q, k, v = qkv(4, 2, 12, 12)
+  q_pos, k_pos = training_positions()
+  fn = causal if kernel == "causal" else functools.partial(sliding, window=4)
+  out = fn(q, k, v, q_pos, k_pos)
+  pad = np.asarray(q_pos) < 0
+  np.testing.assert_array_equal(np.asarray(out)[pad], 0.0)
+  ct = jnp.asarray(np.random.default_rng(5).standard_normal(out.shape), jnp.float32)
+  dq, dk, dv = jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v, q_pos, k_pos) * ct),
+                        argnums=(0, 1, 2))(q, k, v)
+  for g in (dq, dk, dv):
+    assert np.all(np.isfinite(g))
+  # Padding takes no part: no gradient to padded queries, keys or values.
+  for g in (dq, dk, dv):
+    np.testing.assert_array_equal(np.asarray(g)[pad], 0.0)
+
+
+@pytest.mark.parametrize("kernel", ["causal", "sliding"])
+def test_gradients_match_finite_differences(kernel):
+  q, k, v = qkv(6, 2, 12, 12)
+  q_pos, k_pos = training_positions()
+  if kernel == "causal":
+    fn = lambda q, k, v: causal(q, k, v, q_pos, k_pos)
+  else:
+    fn = lambda q, k, v: sliding(q, k, v, q_pos, k_pos, window=4)
+  check_grads(fn, (q, k, v), order=1, modes=["rev"], eps=1e-2, atol=5e-3, rtol=5e-3)
