@@ -11,8 +11,8 @@ position-indexed K/V buffer is read by a dynamic index on its leading axis
 (k_ref[blk] -> [block_size, D], i.e. tokens blk*bs .. blk*bs+bs-1) and folded
 into a float32 online softmax. Causality inside a block is by position:
 token blk*bs + i is seen when it is <= the query's position (-1: nothing).
-Block indices past the buffer read its last block and are fully masked, as
-in the reference's clamped gather.
+A block index past the buffer is clamped for the read, like the reference's
+gather; its tokens lie beyond every position stored, so they are masked.
 
 K/V of one (batch, kv head) are a single block: on GPU a pointer base, on TPU
 a VMEM slab, which bounds the context; kernels/pallas_block_sparse_tpu.py

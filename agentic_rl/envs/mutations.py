@@ -17,8 +17,24 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
-import random
+import threading
 from collections.abc import Iterator
+
+# CPython 3.11 keeps the AST converter's recursion depth per interpreter, not per thread, so
+# ast.parse / literal_eval from concurrent threads can fail with "SystemError: AST constructor
+# recursion depth mismatch" (python/cpython gh-106905). Envs and generators run on host
+# threads, so every AST conversion in agentic_rl.envs holds this lock.
+AST_LOCK = threading.RLock()
+
+
+def parse(source: str) -> ast.Module:
+  with AST_LOCK:
+    return ast.parse(source)
+
+
+def literal_eval(node_or_source):
+  with AST_LOCK:
+    return ast.literal_eval(node_or_source)
 
 ARITH_OPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)
 CMP_OPS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq)
@@ -41,7 +57,7 @@ class Mutation:
 
 def canonical(source: str) -> str:
   """The ast.unparse form of a source (what generated modules are written in)."""
-  return ast.unparse(ast.parse(source))
+  return ast.unparse(parse(source))
 
 
 def _nodes(fn: ast.FunctionDef) -> list[ast.AST]:
@@ -175,7 +191,7 @@ def one_line_change(before: str, after: str) -> tuple[int, str, str] | None:
 def mutated_sources(fn_source: str, *, expert: bool, family: str | None = None
                     ) -> Iterator[tuple[Mutation, int, str, str]]:
   """(mutation, line, old line, new line) for every one-line mutation of a canonical function."""
-  fn = ast.parse(fn_source).body[0]
+  fn = parse(fn_source).body[0]
   seen = set()
   for m in enumerate_mutations(fn, expert=expert):
     if family is not None and m.family != family:

@@ -1,7 +1,7 @@
 """Runs untrusted Python in a per-episode sandbox: bubblewrap, or an rlimit fallback.
 
-Every command is one subprocess chain, started without preexec_fn (so it is
-safe from many host threads at once):
+Every sandboxed process is started as one subprocess chain, without
+preexec_fn (so it is safe from many host threads at once):
 
   bubblewrap: [setpriv (drop to the sandbox uid)] prlimit LIMITS bwrap
               --unshare-all --die-with-parent --new-session, read-only /usr (+ the
@@ -15,31 +15,45 @@ RLIMIT_CORE=0. RLIMIT_NPROC counts every process of a uid and does not bind
 root, so when the host runs as root each sandbox runs as its own uid, drawn
 from [uid_base, uid_base + uid_count): the process bound is then exact per
 episode, the host's files and processes are out of reach by permission, and
-after every command `kill -KILL -1` run as that uid ends whatever the command
-left behind, even processes that escaped its process group. A wall-clock
-timeout kills the whole process group. Output is captured up to a bound (head
-and tail of each stream) and a command writing more than `output_kill_bytes`
-is killed.
+`kill -KILL -1` run as that uid ends every process of the sandbox at once,
+even processes that left their process group (a fork bomb cannot outrun it:
+the kernel signals them all under one lock).
+
+Two ways to run code:
+  run_python(args)  one fresh process; its process tree is killed when it returns.
+  request(payload)  the episode's fork server (sandbox_server.py): the stdlib is
+                    imported once, each request runs in a fresh forked child. After
+                    a timeout, too much output, a crash, or any process surviving its
+                    request, the whole sandbox is killed and the next request starts
+                    a new server. Where survivors cannot be detected (fallback
+                    without the uid drop) the server is killed after every request.
+A wall-clock timeout kills the whole process tree. Output is captured up to a
+bound (head and tail of each stream) and a command writing more than
+`output_kill_bytes` is killed.
 
 Limits of the fallback, by construction: without a mount namespace, the
 sandbox can read world-readable host files and write world-writable
 directories (/tmp); without the uid drop (host not root) RLIMIT_NPROC is set
-relative to the uid's current process count and processes that leave the
-process group are not swept. bubblewrap has none of these gaps.
+relative to the uid's current process count, processes that leave the
+process group are not swept and a signal to the host's pid is not stopped.
+bubblewrap has none of these gaps.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import logging
 import os
+import random
 import selectors
 import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -54,6 +68,8 @@ log = logging.getLogger(__name__)
 SANDBOX_WORKDIR = "/workspace"  # Where bubblewrap mounts the workspace.
 _DRAIN_AFTER_EXIT_S = 0.05  # Grace for pipe data after the main process exits.
 _SERVER_START_TIMEOUT_S = 30.0  # Start-up is ours (no agent code runs); generous under load.
+_SERVER_RECOVER_TIMEOUT_S = 2.0  # For the server to answer once its request was killed.
+_LEASE_DIR = os.path.join(tempfile.gettempdir(), "agentic_rl_sandbox_uids")
 with open(sandbox_server.__file__, encoding="utf-8") as _f:
   _SERVER_SOURCE = _f.read()
 
@@ -113,31 +129,53 @@ class _HeadTail:
 
 
 class _UidPool:
+  """Sandbox uids leased across processes: one flock'ed file per uid under _LEASE_DIR.
+
+  Several processes on one host (a trainer, a benchmark, a test run) may run
+  sandboxes at once; a uid is never shared, since `kill -1` as that uid would
+  reach the other's processes. A crashed holder's lock goes with its process.
+  Uids are tried from a random start so a just-released uid is rarely reused at once.
+  """
+
   def __init__(self, base: int, count: int):
     self._lock = threading.Lock()
     self._base, self._count = base, count
-    self._next = 0
-    self._free: list[int] = []
-    self._used: set[int] = set()
+    self._held: dict[int, int] = {}  # uid -> fd holding its lock
+    self._rng = random.Random(os.getpid() ^ time.time_ns())
 
   def acquire(self) -> int:
     with self._lock:
-      if self._free:
-        uid = self._free.pop()
-      elif self._next < self._count:
-        uid = self._base + self._next
-        self._next += 1
-      else:
-        raise RuntimeError(f"all {self._count} sandbox uids are in use; close envs or raise "
-                           "sandbox.uid_count")
-      self._used.add(uid)
-      return uid
+      _ensure_lease_dir()
+      start = self._rng.randrange(self._count)
+      for k in range(self._count):
+        uid = self._base + (start + k) % self._count
+        if uid in self._held:
+          continue
+        fd = os.open(os.path.join(_LEASE_DIR, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                     0o600)
+        try:
+          fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+          os.close(fd)
+          continue
+        self._held[uid] = fd
+        return uid
+      raise RuntimeError(f"all {self._count} sandbox uids are in use; close envs or raise "
+                         "sandbox.uid_count")
 
   def release(self, uid: int) -> None:
     with self._lock:
-      if uid in self._used:
-        self._used.remove(uid)
-        self._free.append(uid)
+      fd = self._held.pop(uid, None)
+      if fd is not None:
+        os.close(fd)  # Releases the flock.
+
+
+def _ensure_lease_dir() -> None:
+  os.makedirs(_LEASE_DIR, mode=0o700, exist_ok=True)
+  st = os.lstat(_LEASE_DIR)
+  if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+    raise IsolationUnavailable(f"{_LEASE_DIR} must be a directory owned by uid {os.geteuid()} "
+                               "and not writable by others")
 
 
 _pools_lock = threading.Lock()
@@ -259,15 +297,45 @@ def _probe_one(config, iso: _Isolation) -> tuple[bool, str]:
   return False, f"exit {r.exit_code}: {(r.stderr or r.stdout).strip()[-300:]}"
 
 
+def _proc_uid_state(pid: str) -> tuple[int, str] | None:
+  """(real uid, state) of a process from /proc/PID/status, or None if it is gone.
+
+  Not the owner of /proc/PID: that is root for non-dumpable processes (bwrap is one).
+  """
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      text = f.read()
+  except OSError:
+    return None
+  uid = state = None
+  for line in text.split("\n"):
+    if line.startswith("State:"):
+      state = line.split()[1]
+    elif line.startswith("Uid:"):
+      uid = int(line.split()[1])
+      break
+  if uid is None or state is None:
+    return None
+  return uid, state
+
+
+def _live_pids_of_uid(uid: int) -> list[int]:
+  """Processes whose real uid is `uid`, zombies excepted (dead; their reaper is not ours)."""
+  out = []
+  for name in os.listdir("/proc"):
+    if name.isdigit():
+      us = _proc_uid_state(name)
+      if us is not None and us[0] == uid and us[1] not in ("Z", "X"):
+        out.append(int(name))
+  return out
+
+
 def _count_uid_processes(uid: int) -> int:
   n = 0
   for name in os.listdir("/proc"):
     if name.isdigit():
-      try:
-        if os.stat(f"/proc/{name}").st_uid == uid:
-          n += 1
-      except OSError:
-        pass
+      us = _proc_uid_state(name)
+      n += us is not None and us[0] == uid
   return n
 
 
@@ -298,6 +366,8 @@ class Sandbox:
     self._server: subprocess.Popen | None = None
     self.server_starts = 0
     self._closed = False
+    if self.uid is not None:
+      self.kill_all()  # Whatever a crashed earlier holder of this uid left running.
 
   @property
   def isolation(self) -> str:
@@ -353,7 +423,7 @@ class Sandbox:
     bw += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
            "--bind", self.workspace.path, SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR,
-           "--hostname", "sandbox", "--clearenv"]
+           "--hostname", "sandbox", "--remount-ro", "/", "--clearenv"]
     for k, v in self._env().items():
       bw += ["--setenv", k, v]
     return drop + self._limits() + bw + ["--"] + py
@@ -497,9 +567,33 @@ class Sandbox:
           return RunResult(None, "", "", 0, 0, False, False, time.perf_counter() - t0,
                            crashed="the sandbox did not accept the request")
     result, keep = self._await_done(payload["id"], t0, t0 + timeout)
+    if (result.timed_out or result.output_limited) and self._can_spare_server():
+      # Kill the request's processes but not the server; it then reaps them and answers.
+      self._kill_uid_except(self._server.pid)
+      after, keep = self._await_done(payload["id"], time.perf_counter(),
+                                     time.perf_counter() + _SERVER_RECOVER_TIMEOUT_S)
+      keep = keep and not (after.timed_out or after.output_limited or after.crashed)
     if not keep or not self.reuses_server:
       self._stop_server()
     return result
+
+  def _can_spare_server(self) -> bool:
+    """In the fallback with a uid drop the server's host pid is known (it exec'd from the
+    Popen child); under bubblewrap it is not, and the pid namespace is torn down instead."""
+    return (self._iso.level == "fallback" and self.uid is not None and self._server is not None
+            and self._server.poll() is None)
+
+  def _kill_uid_except(self, keep_pid: int) -> None:
+    for _ in range(100):
+      alive = [p for p in _live_pids_of_uid(self.uid) if p != keep_pid]
+      if not alive:
+        return
+      for pid in alive:
+        try:
+          os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+          pass
+      time.sleep(0.002)
 
   def _await_done(self, rid: str, t0: float, deadline: float) -> tuple[RunResult, bool]:
     proc = self._server
@@ -566,12 +660,25 @@ class Sandbox:
       self.kill_all()
 
   def kill_all(self) -> None:
-    """Kills every process of this sandbox's uid (atomically, as that uid)."""
+    """Kills every process of this sandbox's uid: atomically as that uid, then checks."""
     if self.uid is None or self.uid == 0 or self.uid == os.getuid():
       return
-    subprocess.run([self._kill, "-s", "KILL", "--", "-1"], user=self.uid, group=self.uid,
+    # kill(-1) as the uid signals all its processes under one kernel lock: a fork bomb
+    # cannot outrun it. (procps kill: "-9 -- -1"; "-s KILL -- -1" is not accepted.)
+    subprocess.run([self._kill, "-9", "--", "-1"], user=self.uid, group=self.uid,
                    extra_groups=[], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, close_fds=True, check=False)
+    for _ in range(50):  # Belt and braces: whatever is still alive is killed from here.
+      alive = _live_pids_of_uid(self.uid)
+      if not alive:
+        return
+      for pid in alive:
+        try:
+          os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+          pass
+      time.sleep(0.002)
+    log.error("sandbox uid %d: processes survive SIGKILL: %s", self.uid, alive[:10])
 
   def close(self) -> None:
     if self._closed:

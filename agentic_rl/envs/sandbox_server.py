@@ -6,11 +6,14 @@ stdlib it needs once, before the workspace is on sys.path, prints READY, and
 then serves one JSON request per stdin line. Each request runs in a forked
 child (its own process group, stdin from /dev/null), so every run starts from
 a clean interpreter that has never imported workspace code, without paying
-Python's start-up and `import unittest` again. After the child exits the
-server kills the child's process group, checks whether any other process of
-its uid survived (CHECK_LEFTOVERS=1) and prints
+Python's start-up and `import unittest` again. The server is the subreaper
+of its children (orphans re-parent to it, not to the host's init). After the
+child exits it kills the child's process group, reaps, checks whether any
+other process of its uid survived (CHECK_LEFTOVERS=1) and prints
 "\\n" + DONE_PREFIX + "<id> <exit status> <dirty 0|1> <server cpu seconds>".
-The host kills the whole sandbox on a dirty run, a timeout or too much output.
+On a timeout or too much output the host kills the request's processes (all
+of the sandbox's, or all but the server where it can tell them apart) and
+the server reports and reaps as usual; a dirty run ends the whole sandbox.
 
 Requests:
   {"id", "kind": "tests", "test_module", "max_repr", "max_output"}
@@ -204,32 +207,54 @@ def _leftovers(uid, me, ancestors):
     pid = int(name)
     if pid == me or pid in ancestors:
       continue
-    try:
-      if os.stat(f"/proc/{name}").st_uid != uid:
-        continue
-      with open(f"/proc/{name}/stat") as f:
-        state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+    try:  # The real uid from status: /proc/PID itself is root's for non-dumpable processes.
+      with open(f"/proc/{name}/status") as f:
+        fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+      real_uid, state = int(fields["Uid"].split()[0]), fields["State"].split()[0]
+    except (OSError, KeyError, ValueError, IndexError):
       continue
-    if state not in ("Z", "X"):  # Zombies are dead already; their reaper is not ours.
+    if real_uid == uid and state not in ("Z", "X"):  # Zombies are dead already.
       return True
   return False
 
 
+def _reap():
+  """Collects every exited child, orphans included (we are their subreaper)."""
+  while True:
+    try:
+      pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+      return
+    if pid == 0:
+      return
+
+
 def _dirty(uid, me, ancestors):
   """Whether a process of ours outlived its request (a just-killed one gets a moment)."""
-  for delay in (0.0, 0.005, 0.02):
+  for delay in (0.0, 0.005, 0.02, 0.05):
     if delay:
       time.sleep(delay)
+    _reap()
     if not _leftovers(uid, me, ancestors):
       return False
   return True
+
+
+def _become_subreaper():
+  """Orphans of a request re-parent to us, not to the host's init, so we can reap them."""
+  try:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+  except Exception:  # No ctypes in this interpreter: orphans go to init, as usual.
+    return False
 
 
 def serve():
   workdir, check = sys.argv[1], sys.argv[2] == "1"
   me, uid = os.getpid(), os.getuid()
   ancestors = _parent_chain()
+  _become_subreaper()
   os.write(1, (READY + "\n").encode())
   stdin = sys.stdin.buffer
   while True:
@@ -246,7 +271,7 @@ def serve():
       os.killpg(pid, signal.SIGKILL)
     except OSError:
       pass
-    dirty = check and _dirty(uid, me, ancestors)
+    dirty = _dirty(uid, me, ancestors) if check else (_reap() or False)
     t = os.times()
     done = f"\n{DONE_PREFIX}{req['id']} {code} {int(dirty)} {t.user + t.system:.3f}\n"
     os.write(1, done.encode())

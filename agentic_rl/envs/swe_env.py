@@ -278,7 +278,10 @@ class SweEnv:
            + (f"\n{shown}" if shown else ""))
     out = _Outcome(obs, output_bytes=len(obs))
     if self.config.process_signal_on_edit:
-      out.tests_passed = self._measure_tests()[0]
+      out.tests_passed, _, r = self._measure_tests()
+      decision, why = self._run_decision(r)
+      if decision != "allowed":  # The edit stands; the audit notes how its hidden run ended.
+        out.reason = f"hidden test run: {why}"
     return out
 
   def _measure_tests(self) -> tuple[int, str, object]:
@@ -326,28 +329,35 @@ class SweEnv:
     rows.append(f"all {total} tests passed" if passed == total else f"{passed}/{total} passed")
     return passed, "\n".join(rows), r
 
+  @staticmethod
+  def _run_decision(r) -> tuple[str, str]:
+    if r.timed_out:
+      return "timeout", "wall-clock timeout"
+    if r.output_limited:
+      return "error", "output limit exceeded"
+    if r.crashed:
+      return "error", r.crashed
+    return "allowed", ""
+
   def _test(self) -> _Outcome:
     passed, text, r = self._measure_tests()
-    return _Outcome(text, decision="timeout" if r.timed_out else "allowed",
-                    reason="tests timed out" if r.timed_out else "", exit_code=r.exit_code,
+    decision, reason = self._run_decision(r)
+    return _Outcome(text, decision=decision, reason=reason, exit_code=r.exit_code,
                     output_bytes=r.stdout_bytes + r.stderr_bytes, tests_passed=passed)
 
   def _python(self, code: str) -> _Outcome:
     r = self._sandbox.request({"id": secrets.token_hex(8), "kind": "python", "code": code})
     out = (r.stdout + (("\n" if r.stdout and not r.stdout.endswith("\n") else "") + r.stderr
                        if r.stderr else "")).rstrip("\n")
+    decision, reason = self._run_decision(r)
     if r.timed_out:
       head = f"timeout: killed after {self.config.sandbox.timeout_s:g}s"
-      decision, reason = "timeout", "wall-clock timeout"
     elif r.output_limited:
       head = f"killed: wrote over {self.config.sandbox.output_kill_bytes} bytes of output"
-      decision, reason = "allowed", "output limit"
     elif r.crashed:
       head = f"killed: {r.crashed}"
-      decision, reason = "allowed", r.crashed
     else:
       head = f"exit code {r.exit_code}"
-      decision, reason = "allowed", ""
     return _Outcome(head + ("\n" + out if out else ""), decision=decision, reason=reason,
                     exit_code=r.exit_code, output_bytes=r.stdout_bytes + r.stderr_bytes)
 
@@ -355,7 +365,9 @@ class SweEnv:
     passed, text, r = self._measure_tests()
     total = self._task.num_tests
     obs = f"submitted: {passed}/{total} tests pass (reward {passed / total:.2f})"
-    return _Outcome(obs, decision="timeout" if r.timed_out else "allowed",
-                    reason="tests timed out" if r.timed_out else "", exit_code=r.exit_code,
+    if passed < total:
+      obs += "\n" + text
+    decision, reason = self._run_decision(r)
+    return _Outcome(obs, decision=decision, reason=reason, exit_code=r.exit_code,
                     output_bytes=r.stdout_bytes + r.stderr_bytes, tests_passed=passed,
                     submitted=True)

@@ -269,7 +269,8 @@ def _copy_args(args: tuple) -> tuple:
 
 def _literal_ok(v) -> bool:
   try:
-    return ast.literal_eval(repr(v)) == v and type(ast.literal_eval(repr(v))) is type(v)
+    back = mutations.literal_eval(repr(v))
+    return back == v and type(back) is type(v)
   except (ValueError, SyntaxError):
     return False
 
@@ -295,6 +296,11 @@ def _render_test_method(fn: _Function, cases: list[tuple[tuple, object]]) -> str
 def generate_task(seed: int, tier: str | None = None, split: str = "train",
                   config: ml_collections.ConfigDict | None = None) -> SweTask:
   """The task of `seed` in `tier`; deterministic, and every bug is caught by a test."""
+  with mutations.AST_LOCK:  # Thread-safe (see mutations.AST_LOCK); generation is CPU-bound.
+    return _generate_task(seed, tier, split, config)
+
+
+def _generate_task(seed, tier, split, config) -> SweTask:
   config = validate_env_config(config if config is not None else default_env_config())
   tier = config.default_tier if tier is None else tier
   if tier not in config.tiers:

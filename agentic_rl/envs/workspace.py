@@ -124,9 +124,11 @@ class Workspace:
       raise FileToolError(f"{rel} is a directory") from None
     except OSError as e:
       raise FileToolError(f"cannot open {rel}: {e.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
       os.close(fd)
-      raise FileToolError(f"{rel} is not a regular file")
+      raise FileToolError(f"{rel} is a directory" if stat.S_ISDIR(mode)
+                          else f"{rel} is not a regular file")
     return fd
 
   def read_text(self, rel: str, max_bytes: int) -> str:

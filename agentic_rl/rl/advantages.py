@@ -40,20 +40,33 @@ def group_statistics(values_b: jax.Array, group_id_b: jax.Array, valid_b: jax.Ar
   return mean_b, std_b, count_b
 
 
+def group_all_equal(values_b, group_id_b, valid_b) -> jax.Array:
+  """True where every valid member of the row's group has exactly the same value."""
+  same_bb = (group_id_b[:, None] == group_id_b[None, :]) & (valid_b[None, :] > 0)
+  hi_b = jnp.max(jnp.where(same_bb, values_b[None, :], -jnp.inf), axis=1)
+  lo_b = jnp.min(jnp.where(same_bb, values_b[None, :], jnp.inf), axis=1)
+  return hi_b == lo_b
+
+
 def grpo_advantages(rewards_b, group_id_b, valid_b, *, normalize_std: bool = True,
                     eps: float = 1e-6) -> jax.Array:
+  valid_b = jnp.asarray(valid_b, jnp.float32)
   mean_b, std_b, _ = group_statistics(rewards_b, group_id_b, valid_b)
   adv_b = rewards_b - mean_b
   if normalize_std:
     adv_b = adv_b / (std_b + eps)
-  return adv_b * valid_b
+  # Equal rewards give exactly 0 (the mean's rounding error over a tiny std would not).
+  keep_b = (valid_b > 0) & ~group_all_equal(rewards_b, group_id_b, valid_b)
+  return jnp.where(keep_b, adv_b, 0.0)
 
 
 def rloo_advantages(rewards_b, group_id_b, valid_b) -> jax.Array:
+  valid_b = jnp.asarray(valid_b, jnp.float32)
   mean_b, _, count_b = group_statistics(rewards_b, group_id_b, valid_b)
   # R_i - (n mean - R_i) / (n - 1) = n / (n - 1) (R_i - mean).
   scale_b = jnp.where(count_b > 1, count_b / jnp.maximum(count_b - 1.0, 1.0), 0.0)
-  return scale_b * (rewards_b - mean_b) * valid_b
+  keep_b = (valid_b > 0) & ~group_all_equal(rewards_b, group_id_b, valid_b)
+  return jnp.where(keep_b, scale_b * (rewards_b - mean_b), 0.0)
 
 
 def turn_signals(process_reward_bt, turn_index_bt, loss_mask_bt, max_turns: int

@@ -179,3 +179,20 @@ def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, s
   sums = jax.tree.map(jax.lax.stop_gradient, sums)
   loads = tuple(layer.get("expert_load") for layer in out["aux"]["layers"])
   return loss, (sums, jax.lax.stop_gradient(loads))
+
+
+def mismatch_metrics(model, params, batch: Batch, spec: RLSpec) -> dict:
+  """Mismatch of the learner (at `params`, with the configured replay) against the batch's
+  sampler record, without training: "quantify the mismatch first". Jit-friendly."""
+  out = policy_outputs(model, params, batch, spec)
+  on_bt = batch.loss_mask_bt > 0
+  kw = dict(num_turns=spec.max_turns, num_position_buckets=spec.num_position_buckets,
+            max_position=model.spec.max_seq_len)
+  sums = mismatch.logprob_mismatch_sums(
+      jnp.where(on_bt, out["logp_bt"], 0.0), jnp.where(on_bt, batch.sampler_logp_bt, 0.0),
+      batch.loss_mask_bt, batch.turn_index_bt, batch.positions_bt,
+      ratio_low=spec.mismatch_ratio_low, ratio_high=spec.mismatch_ratio_high, **kw)
+  if batch.replay is not None:
+    sums.update(mismatch.selection_agreement_sums(out["aux"]["layers"], batch.replay,
+                                                  batch.positions_bt, batch.turn_index_bt, **kw))
+  return mismatch.finalize(sums)

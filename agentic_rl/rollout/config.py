@@ -31,7 +31,7 @@ def default_rollout_config() -> ml_collections.ConfigDict:
   c.max_len = 0  # Cache capacity per slot in tokens; 0 = model.max_seq_len.
   c.prefill_chunk = 256  # Tokens per prefill call per row (shorter chunks are -1 padded).
   c.prefill_rows = 1  # Rows (slots or prompt-store rows) prefilled per call.
-  c.prompt_store_rows = 2  # Prefilled prompts waiting to be copied into slots.
+  c.prompt_store_rows = 4  # Prompts prefilled ahead, waiting to be copied into slots.
   c.temperature = 1.0  # 0 = greedy (argmax; recorded as temperature 1, mask = argmax only).
   c.top_k = 0  # 0 = off.
   c.top_p = 1.0  # 1.0 = off.
@@ -79,7 +79,7 @@ class RolloutSpec:
 
   @property
   def token_limit_reason(self) -> str:
-    return END_TOKEN_BUDGET if self.max_total_tokens <= self.max_len else END_CONTEXT_LIMIT
+    return END_TOKEN_BUDGET if self.max_total_tokens < self.max_len else END_CONTEXT_LIMIT
 
 
 def _require(ok: bool, field: str, value, expected: str):

@@ -1,15 +1,21 @@
-"""The engine's device functions: jitted prefill, decode and fork, all over `model.forward`.
+"""The engine's device functions: prefill, decode and fork, all over one jitted `model.forward`.
 
-There is no second inference implementation: prefill is `model.forward` on a
-chunk of positions, decode is `model.forward` on one position per slot, both
-with the cache donated. Shapes are fixed (rows per call, chunk size, slot
-count), so after the first call of each nothing recompiles during a run;
-`trace_counts` counts traces so tests can check it.
+There is no second inference implementation. `forward_and_sample` is
+`model.forward` on a chunk of positions per row (cache donated) followed by
+one draw after each row's last valid position:
 
-    steps = DeviceSteps(model, SamplingParams(temperature=1.0, top_k=50), chunk=256)
-    cache, out = steps.prefill(params, cache, rows_p, tokens_pc, positions_pc, seeds_p, forced_p)
-    cache, out = steps.decode(params, cache, tokens_b, positions_b, seeds_b, forced_b)
-    cache, sampled = steps.fork(cache, store, src_row, dst_row, logits_v, seed, position, forced)
+  * decode  = forward_and_sample on every slot row, one position each
+              (-1 for a slot that sits the step out);
+  * prefill = gather the P rows being prefilled, forward_and_sample a chunk
+              of C positions each (-1 padding at the end of short rows),
+              scatter them back; the cost is that of P rows, whatever the
+              cache size, and one compiled forward serves both the slot
+              cache and the prompt store;
+  * fork    = copy a prompt-store row into a slot row and draw the slot's
+              first token from the prompt's last logits.
+
+Shapes are fixed (slots, P, C), so after the first call of each nothing
+recompiles during a run; `trace_counts` counts traces (one per compilation).
 
 Sampling keys: the token drawn after position p of a trajectory with seed s
 uses fold_in(key(s), p + 1), whichever call (prefill, decode, fork) draws it.
@@ -31,7 +37,7 @@ from agentic_rl.rollout import sampling
 
 @dataclasses.dataclass(frozen=True)
 class StepOutput:
-  """What one prefill or decode call returns to the host."""
+  """What one forward_and_sample call returns."""
   sampled: sampling.Sampled  # One draw per row (after the row's last valid position).
   replay: Any  # model.forward's routing/blocks for the call's input positions.
   last_logits_bv: jax.Array  # float32 [B, V] logits at each row's last valid position.
@@ -42,7 +48,11 @@ jax.tree_util.register_dataclass(StepOutput, data_fields=["sampled", "replay", "
 
 
 class DeviceSteps:
-  """Jitted, cache-donating steps of one model with one sampling setting."""
+  """Jitted, cache-donating steps of one model with one sampling setting and chunk size.
+
+  One instance may serve several engines (same model, sampling and chunk);
+  its compiled functions are then shared.
+  """
 
   def __init__(self, model: transformer.Model, sampling_params: sampling.SamplingParams,
                chunk: int):
@@ -50,57 +60,69 @@ class DeviceSteps:
     self.sampling_params = sampling_params
     self.chunk = chunk
     self.trace_counts: collections.Counter[str] = collections.Counter()
-    self.prefill = jax.jit(self._prefill, donate_argnums=(1,))
-    self.decode = jax.jit(self._decode, donate_argnums=(1,))
-    self.fork = jax.jit(self._fork, donate_argnums=(0,))
+    self.forward_and_sample = jax.jit(self._forward_and_sample, donate_argnums=(1,))
+    self.gather_rows = jax.jit(self._gather_rows)
+    self.scatter_rows = jax.jit(self._scatter_rows, donate_argnums=(0,))
+    self.sample_after = jax.jit(self._sample_after)
     self.reset_rows = jax.jit(self._reset_rows, donate_argnums=(0,))
 
   @property
   def num_traces(self) -> int:
     return sum(self.trace_counts.values())
 
+  # -- composite steps (host-side sequencing of the jitted pieces) ---------------------------
+
+  def decode(self, params, cache, tokens_b, positions_b, seeds_b, forced_b):
+    """Feeds one token per row at `positions_b` (-1: sits out) and draws the next."""
+    return self.forward_and_sample(params, cache, tokens_b[:, None], positions_b[:, None],
+                                   seeds_b, forced_b)
+
+  def prefill(self, params, cache, rows_p, tokens_pc, positions_pc, seeds_p, forced_p):
+    """Appends one chunk to each of the distinct rows `rows_p`; all -1 rows sit out."""
+    if tokens_pc.shape[1] != self.chunk:
+      raise ValueError(f"prefill chunk has {tokens_pc.shape[1]} tokens; these steps "
+                       f"compile chunks of {self.chunk} (pad with position -1).")
+    sub = self.gather_rows(cache, rows_p)
+    sub, out = self.forward_and_sample(params, sub, tokens_pc, positions_pc, seeds_p, forced_p)
+    return self.scatter_rows(cache, rows_p, sub), out
+
+  def fork(self, cache, store, src_row, dst_row, logits_v, seed, position, forced):
+    """Copies store row `src_row` into cache row `dst_row` and draws that row's first token.
+
+    `logits_v` are the prompt's last logits, `position` the prompt's last position.
+    The copy replaces the whole row (lengths, rings, full buffers), so the slot
+    needs no reset first.
+    """
+    row = self.gather_rows(store, jnp.reshape(src_row, (1,)))
+    cache = self.scatter_rows(cache, jnp.reshape(dst_row, (1,)), row)
+    sampled = self.sample_after(logits_v[None], jnp.reshape(position, (1,)),
+                                jnp.reshape(seed, (1,)), jnp.reshape(forced, (1,)))
+    return cache, sampled
+
+  # -- jitted bodies ------------------------------------------------------------------------
+
   def _sample_after(self, logits_bv, positions_b, seeds_b, forced_b):
+    self.trace_counts["sample_after"] += 1
     keys_b = sampling.trajectory_keys(seeds_b, positions_b + 1)
     return sampling.sample(logits_bv, keys_b, self.sampling_params, forced_b)
 
-  def _prefill(self, params, cache, rows_p, tokens_pc, positions_pc, seeds_p, forced_p):
-    """Appends one chunk per row `rows_p` of `cache`; rows of all -1 positions sit out.
+  def _forward_and_sample(self, params, cache, tokens_bt, positions_bt, seeds_b, forced_b):
+    self.trace_counts["forward_and_sample"] += 1
+    logits_btv, cache, aux = self.model.forward(params, tokens_bt, positions_bt, cache)
+    last_b = jnp.maximum(jnp.sum(positions_bt >= 0, axis=1) - 1, 0)
+    last_logits_bv = jnp.take_along_axis(logits_btv, last_b[:, None, None], axis=1)[:, 0]
+    last_pos_b = jnp.take_along_axis(positions_bt, last_b[:, None], axis=1)[:, 0]
+    keys_b = sampling.trajectory_keys(seeds_b, last_pos_b + 1)
+    sampled = sampling.sample(last_logits_bv, keys_b, self.sampling_params, forced_b)
+    return cache, StepOutput(sampled, transformer.replay_from_aux(aux), last_logits_bv)
 
-    The rows are gathered, run through model.forward and scattered back, so
-    the cost is that of P rows whatever the cache's size. `rows_p` must be
-    distinct. Returns the draw after each row's last valid position.
-    """
-    self.trace_counts["prefill"] += 1
-    if tokens_pc.shape[1] != self.chunk:
-      raise ValueError(f"prefill chunk has {tokens_pc.shape[1]} tokens; this engine "
-                       f"compiles chunks of {self.chunk} (pad with position -1).")
-    sub = cache_lib.gather_sequences(cache, rows_p)
-    logits_pcv, sub, aux = self.model.forward(params, tokens_pc, positions_pc, sub)
-    cache = cache_lib.scatter_sequences(cache, rows_p, sub)
-    last_p = jnp.maximum(jnp.sum(positions_pc >= 0, axis=1) - 1, 0)
-    last_logits_pv = jnp.take_along_axis(logits_pcv, last_p[:, None, None], axis=1)[:, 0]
-    last_pos_p = jnp.take_along_axis(positions_pc, last_p[:, None], axis=1)[:, 0]
-    sampled = self._sample_after(last_logits_pv, last_pos_p, seeds_p, forced_p)
-    return cache, StepOutput(sampled, transformer.replay_from_aux(aux), last_logits_pv)
+  def _gather_rows(self, cache, rows):
+    self.trace_counts["gather_rows"] += 1
+    return cache_lib.gather_sequences(cache, rows)
 
-  def _decode(self, params, cache, tokens_b, positions_b, seeds_b, forced_b):
-    """Feeds one token per slot at `positions_b` (-1: the slot sits out) and draws the next."""
-    self.trace_counts["decode"] += 1
-    logits_b1v, cache, aux = self.model.forward(params, tokens_b[:, None], positions_b[:, None],
-                                                cache)
-    sampled = self._sample_after(logits_b1v[:, 0], positions_b, seeds_b, forced_b)
-    return cache, StepOutput(sampled, transformer.replay_from_aux(aux), logits_b1v[:, 0])
-
-  def _fork(self, cache, store, src_row, dst_row, logits_v, seed, position, forced):
-    """Copies prompt-store row `src_row` into slot `dst_row` and draws the slot's first token.
-
-    `logits_v` are the prompt's last logits, `position` the prompt's last position.
-    """
-    self.trace_counts["fork"] += 1
-    row = cache_lib.gather_sequences(store, src_row[None])
-    cache = cache_lib.scatter_sequences(cache, dst_row[None], row)
-    sampled = self._sample_after(logits_v[None], position[None], seed[None], forced[None])
-    return cache, sampled
+  def _scatter_rows(self, cache, rows, sub):
+    self.trace_counts["scatter_rows"] += 1
+    return cache_lib.scatter_sequences(cache, rows, sub)
 
   def _reset_rows(self, cache, reset_b):
     self.trace_counts["reset_rows"] += 1

@@ -87,13 +87,18 @@ class RolloutStats:
   decode_rows: int = 0  # Slot rows that fed a token, summed over decode steps.
   prefill_calls: int = 0
   prefilled_tokens: int = 0
-  forks: int = 0
+  prompts_prefilled: int = 0  # One per task group, whatever the group size.
+  forks: int = 0  # Prompt copies into slots: one per trajectory.
   env_steps: int = 0
   env_resets: int = 0
   generated_tokens: int = 0
   trajectories: int = 0
   busy_slot_s: float = 0.0  # Slot-seconds with device work in progress or queued.
   slot_s: float = 0.0  # Slot-seconds in total (num_slots x time).
+  # The same, only in the steady state: after every slot first held a trajectory and
+  # before the task stream ran out (no ramp-up, no drain).
+  steady_busy_slot_s: float = 0.0
+  steady_slot_s: float = 0.0
   peak_kv_bytes: int = 0  # Largest live KV footprint (slots + prompt store).
   allocated_kv_bytes: int = 0
 
@@ -104,6 +109,8 @@ class RolloutStats:
     d["tokens_per_s"] = self.generated_tokens / wall
     d["trajectories_per_s"] = self.trajectories / wall
     d["slot_utilization"] = self.busy_slot_s / self.slot_s if self.slot_s else 0.0
+    d["steady_slot_utilization"] = (self.steady_busy_slot_s / self.steady_slot_s
+                                    if self.steady_slot_s else None)
     d["decode_occupancy"] = (self.decode_rows / (self.decode_steps * self._num_slots)
                              if self.decode_steps else 0.0)
     return d
@@ -168,7 +175,10 @@ class RolloutEngine:
 
   def __init__(self, model: transformer.Model, params, spec: config_lib.RolloutSpec,
                tokenizer, env_factory: Callable[[], Any], *, policy_version: int = 0,
-               teacher_factory: Callable[[Any], Any] | None = None):
+               teacher_factory: Callable[[Any], Any] | None = None,
+               steps: DeviceSteps | None = None):
+    """steps: compiled device steps to share with other engines of the same model,
+    sampling setting and chunk size (default: new ones)."""
     if tokenizer.vocab_size > model.spec.vocab_size:
       raise ValueError(f"the tokenizer uses {tokenizer.vocab_size} ids but the model's "
                        f"vocab_size is {model.spec.vocab_size}.")
@@ -179,9 +189,15 @@ class RolloutEngine:
     self.teacher_factory = teacher_factory
     self._params_lock = threading.Lock()
     self._params, self._version = params, int(policy_version)
-    self.steps = DeviceSteps(
-        model, sampling.SamplingParams(spec.temperature, spec.top_k, spec.top_p),
-        spec.prefill_chunk)
+    sampling_params = sampling.SamplingParams(spec.temperature, spec.top_k, spec.top_p)
+    if steps is None:
+      steps = DeviceSteps(model, sampling_params, spec.prefill_chunk)
+    elif (steps.model.spec != model.spec or steps.sampling_params != sampling_params
+          or steps.chunk != spec.prefill_chunk):
+      raise ValueError("the shared DeviceSteps were built for another model spec, sampling "
+                       f"setting ({steps.sampling_params}) or chunk ({steps.chunk}); this "
+                       f"engine needs {sampling_params} and chunk {spec.prefill_chunk}.")
+    self.steps = steps
     self.cache = model.init_cache(spec.num_slots, spec.max_len)
     self.store = model.init_cache(spec.prompt_store_rows, spec.max_len)
     self._layer_replay_keys = tuple(
@@ -224,6 +240,7 @@ class RolloutEngine:
     self._prefill_queue: collections.deque = collections.deque()  # _Active or _Group
     self._finished: list[Trajectory] = []
     self._tasks_left = True
+    self._all_slots_filled = False
     start = time.perf_counter()
     try:
       while True:
@@ -235,6 +252,7 @@ class RolloutEngine:
         self._account(t0, busy, "host_s")
         t0, busy = time.perf_counter(), self._busy_slots()
         self._fill_slots()
+        self._all_slots_filled |= all(a is not None for a in self._slots)
         self._account(t0, busy, "prefill_s")
         did_work = self._prefill_once()
         did_work |= self._decode_once()
@@ -269,6 +287,9 @@ class RolloutEngine:
     setattr(self.stats, bucket, getattr(self.stats, bucket) + dt)
     self.stats.busy_slot_s += busy * dt
     self.stats.slot_s += self.spec.num_slots * dt
+    if self._all_slots_filled and self._tasks_left:
+      self.stats.steady_busy_slot_s += busy * dt
+      self.stats.steady_slot_s += self.spec.num_slots * dt
 
   def _start_group(self, task_iter, seeds) -> None:
     try:
@@ -502,6 +523,7 @@ class RolloutEngine:
       if to_store:
         o.last_logits_v = out.last_logits_bv[i]
         o.ready = True
+        self.stats.prompts_prefilled += 1
       else:
         o.builder.begin_turn()
         self._on_token(o, sampled.tokens_b[i], sampled.logp_b[i], sampled.mask_bw[i], version)

@@ -24,50 +24,12 @@ import numpy as np
 import pytest
 
 from agentic_rl.model import cache as cache_lib
-from agentic_rl.model.config import default_model_config, validate
 from agentic_rl.model.transformer import Model
+from tests.model.model_fixtures import (check_block_causality, draw_params, make_spec,
+                                        padded_positions)
 
 ATOL = 1e-4
 BATCH, FULL_LEN, CACHE_LEN, CHUNK = 3, 40, 64, 16
-
-
-def make_spec(pattern: str, num_layers: int, num_dense_layers: int, **overrides):
-  c = default_model_config()
-  c.vocab_size, c.d_model, c.num_layers, c.layer_pattern = 64, 32, num_layers, pattern
-  c.num_heads, c.num_kv_heads, c.head_dim = 4, 2, 8
-  c.max_seq_len, c.sliding_window, c.block_size, c.topk_tokens = CACHE_LEN, 8, 4, 8
-  c.d_ff, c.num_dense_layers = 32, num_dense_layers
-  c.moe.num_experts, c.moe.num_experts_per_token, c.moe.d_ff_expert = 4, 2, 16
-  for key, value in overrides.items():
-    c[key] = value
-  return validate(c)
-
-
-def draw_params(model: Model, seed: int):
-  """Params drawn in numpy from the model's param shapes (std 1/sqrt(fan_in); norm scales
-  near 1; gate biases nonzero). Avoids compiling flax's init, which costs seconds on CPU."""
-  rng = np.random.default_rng(seed)
-
-  def draw(path, leaf):
-    name = path[-1].key
-    shape = leaf.shape
-    if name == "scale":
-      w = 1.0 + 0.1 * rng.standard_normal(shape)
-    elif name == "embedding":
-      w = rng.standard_normal(shape)
-    elif name == "b_gate_h":
-      w = 0.5 * rng.standard_normal(shape)
-    elif name == "routing_bias_e":
-      w = np.zeros(shape)
-    else:
-      fan_in = shape[0] * shape[1] if name == "w_o_hkd" else (
-          shape[0] if name in ("w_q_dhk", "w_k_dhk", "w_v_dhk", "w_gate_dh", "w_router_de")
-          else shape[-2])
-      w = rng.standard_normal(shape) / np.sqrt(fan_in)
-    return jnp.asarray(w, leaf.dtype)
-
-  shapes = jax.eval_shape(model.init, jax.random.key(0))
-  return jax.tree_util.tree_map_with_path(draw, shapes)
 
 
 SPECS = {
@@ -89,11 +51,10 @@ class Harness:
 
   def full_logits(self, tokens_bl, lengths_b):
     """Uncached logits [B, FULL_LEN, V]; rows padded with position -1 past their length."""
+    positions = padded_positions(lengths_b, FULL_LEN)
     tokens = np.zeros((BATCH, FULL_LEN), np.int32)
-    positions = np.full((BATCH, FULL_LEN), -1, np.int32)
     for b, n in enumerate(lengths_b):
       tokens[b, :n] = tokens_bl[b][:n]
-      positions[b, :n] = np.arange(n)
     logits, new_cache, _ = self.fwd(self.params, jnp.asarray(tokens), jnp.asarray(positions))
     assert new_cache is None
     return np.asarray(logits)
@@ -110,25 +71,8 @@ class Harness:
     logits, cache, aux = self.fwd(self.params, jnp.asarray(tokens), jnp.asarray(positions),
                                   cache)
     logits = np.asarray(logits)
-    check_cached_blocks(self.spec, aux, positions)
+    check_block_causality(self.spec, aux, positions)
     return cache, {b: logits[b, :len(t)] for b, (t, _) in rows.items()}, aux
-
-
-def check_cached_blocks(spec, aux, positions_bt):
-  """Blocks chosen through the cache: own block in, nothing past it, -1 only when
-  fewer than n blocks are visible, and nothing at all for rows sitting out."""
-  n = spec.num_selected_blocks
-  for layer_aux in aux["layers"]:
-    if "blocks" not in layer_aux:
-      continue
-    blocks = np.asarray(layer_aux["blocks"])  # [B, K, T, n]
-    own = np.where(positions_bt >= 0, positions_bt // spec.block_size, -1)[:, None, :, None]
-    used = blocks >= 0
-    assert np.all(blocks <= own), "a selected block lies in the future"
-    live = np.broadcast_to(own[..., 0] >= 0, used.shape[:-1])
-    assert np.all(np.any(blocks == own, axis=-1)[live]), "own block missing"
-    want_used = np.minimum(n, own + 1)[..., 0]
-    np.testing.assert_array_equal(used.sum(-1), np.broadcast_to(want_used, used.shape[:-1]))
 
 
 @functools.lru_cache(maxsize=None)
@@ -197,13 +141,13 @@ def test_ragged_token_by_token_decode_matches_full_forward(name):
       p = step - starts_at_step[b]
       if 0 <= p < lengths[b]:
         rows[b] = (tokens[b, p:p + 1], p)
-    before = cache
+    before = [np.asarray(x) for x in jax.tree.leaves(cache)]
     cache, out, _ = h.step(cache, rows, 1)
     for b, logits in out.items():
       got[b][rows[b][1]] = logits[0]
-    for b in set(range(BATCH)) - set(rows):  # a row sitting out keeps its cache untouched
-      for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(cache)):
-        np.testing.assert_array_equal(x[b], y[b])
+    idle = sorted(set(range(BATCH)) - set(rows))
+    for x, y in zip(before, jax.tree.leaves(cache)):  # rows sitting out keep their cache
+      np.testing.assert_array_equal(x[idle], np.asarray(y)[idle])
   np.testing.assert_array_equal(cache["lengths"], lengths)
   assert_matches_full(h, tokens, got, lengths)
 
@@ -287,6 +231,58 @@ def test_gathered_prompt_cache_continues_identically(name):
   err2 = np.max(np.abs(np.stack([got[2][p] for p in range(prompt_len, total)])
                        - want[2, prompt_len:total]))
   assert err0 < ATOL and err2 < ATOL, (err0, err2)
+
+
+def test_decode_records_a_replay_that_a_full_forward_reproduces():
+  """Sampler/learner alignment: the blocks and experts chosen step by step through the
+  cache equal those of the full forward, and forcing them (replay) on the full forward
+  reproduces the decoded logits."""
+  h = harness("SGF")
+  tokens = random_tokens(50)
+  lengths = [40, 29, 17]
+  cache = h.model.init_cache(BATCH, CACHE_LEN)
+  steps = []
+  for p in range(max(lengths)):
+    rows = {b: (tokens[b, p:p + 1], p) for b in range(BATCH) if p < lengths[b]}
+    cache, out, aux = h.step(cache, rows, 1)
+    steps.append((out, aux))
+  positions = padded_positions(lengths, FULL_LEN)
+  replay = []
+  for i in range(h.spec.num_layers):
+    entry = {}
+    for key, axis in (("blocks", 2), ("experts", 1)):
+      if key in steps[0][1]["layers"][i]:
+        recorded = np.concatenate([np.asarray(a["layers"][i][key]) for _, a in steps], axis)
+        pad = [(0, 0)] * recorded.ndim
+        pad[axis] = (0, FULL_LEN - recorded.shape[axis])
+        # Padding positions: no block (-1); any valid expert id (0).
+        entry[key] = jnp.asarray(np.pad(recorded, pad, constant_values=-1 if key == "blocks"
+                                        else 0))
+    replay.append(entry)
+  replay = tuple(replay)
+  assert any("blocks" in e for e in replay) and any("experts" in e for e in replay)
+  tokens_in = jnp.asarray(np.where(positions >= 0, tokens, 0))
+  free_logits, _, free_aux = h.fwd(h.params, tokens_in, jnp.asarray(positions))
+  logits, _, aux = h.fwd(h.params, tokens_in, jnp.asarray(positions), replay=replay)
+  valid = positions >= 0
+  for i, entry in enumerate(replay):
+    for key, forced in entry.items():
+      # Compared on real tokens only: padding carries no recorded choice.
+      live = valid if key == "experts" else np.broadcast_to(valid[:, None],
+                                                             forced.shape[:3])
+      forced = np.asarray(forced)
+      np.testing.assert_array_equal(np.asarray(aux["layers"][i][key])[live], forced[live])
+      # The full forward's own choice is the decode's choice, as a set (top-n order is
+      # not part of the contract).
+      chosen = np.asarray(free_aux["layers"][i][key])
+      np.testing.assert_array_equal(np.sort(chosen, -1)[live], np.sort(forced, -1)[live])
+  decoded = np.zeros((BATCH, FULL_LEN, h.spec.vocab_size), np.float32)
+  for p, (out, _) in enumerate(steps):
+    for b, lg in out.items():
+      decoded[b, p] = lg[0]
+  for got in (logits, free_logits):
+    err = np.max(np.abs(np.asarray(got)[valid] - decoded[valid]))
+    assert err < ATOL, f"decode vs full forward max abs diff {err:.3g}"
 
 
 # --- Cache bytes ---------------------------------------------------------------------

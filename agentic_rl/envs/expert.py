@@ -1,0 +1,210 @@
+"""A scripted expert that solves SWE tasks through the tool protocol alone.
+
+It sees only what a policy sees: the observations returned by `env.step`
+(`task` is used for nothing but `env.reset(task)`). The play:
+
+  ls -> test -> view the module -> view the test file (in chunks when long)
+  -> for each failing function, search single-line repairs (every operator,
+     comparison, name, constant in a range, +-1 added or removed:
+     agentic_rl/envs/mutations.py) for one that passes all of that function's
+     cases read from the test file -> replace that line -> ... -> test -> submit.
+
+The repair search runs the candidate function in this process on the cases
+it read; the code it runs is what `view` showed, i.e. generated code and the
+expert's own edits. Returned turns are (action_text, observation) pairs, ready
+to become SFT demonstrations.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+
+from agentic_rl.envs import mutations
+from agentic_rl.envs.tool_call import format_tool_call
+
+_LS_RE = re.compile(r"^(\S+) \((\d+) lines\)$")
+_VIEW_HEADER_RE = re.compile(r"^(\S+) lines (\d+)-(\d+) of (\d+):$")
+_VIEW_ROW_RE = re.compile(r"^(\d+)\|(.*)$")
+_FAIL_RE = re.compile(r"^(?:FAIL|ERROR) ([A-Za-z_][A-Za-z0-9_]*)\(")
+_SAFE_BUILTINS = {"range": range, "len": len, "min": min, "max": max, "abs": abs, "sum": sum,
+                  "list": list, "int": int, "str": str, "bool": bool, "sorted": sorted}
+
+
+@dataclasses.dataclass
+class ExpertResult:
+  first_observation: str
+  turns: list  # [(action_text, observation)]
+  reward: float
+  solved: bool  # Submitted with every test passing.
+  end_reason: str
+  infos: list  # The info dict of each step.
+
+
+class _OutOfTurns(Exception):
+  pass
+
+
+class _Player:
+  def __init__(self, env, max_turns: int):
+    self.env = env
+    self.max_turns = max_turns
+    self.turns, self.infos = [], []
+    self.reward, self.done, self.end_reason = 0.0, False, ""
+
+  def act(self, name: str, **args) -> str:
+    if self.done:
+      raise _OutOfTurns()
+    if name != "submit" and len(self.turns) >= self.max_turns - 1:
+      self.act("submit")  # Keep the last turn for submitting.
+      raise _OutOfTurns()
+    text = format_tool_call(name, **args)
+    obs, reward, done, info = self.env.step(text)
+    self.turns.append((text, obs))
+    self.infos.append(info)
+    self.reward, self.done = reward, done
+    if done:
+      self.end_reason = info.get("end_reason", "")
+    return obs
+
+  def read_file(self, path: str) -> list[str]:
+    """The file's lines, viewed in as many chunks as the observation bound needs."""
+    lines: dict[int, str] = {}
+    start, total = 1, None
+    while total is None or start <= total:
+      obs = self.act("view", path=path) if start == 1 else self.act("view", path=path, start=start)
+      rows = obs.split("\n")
+      m = _VIEW_HEADER_RE.match(rows[0])
+      if not m:
+        if obs.endswith(" is empty"):
+          return []
+        raise ValueError(f"unexpected view output: {obs[:120]!r}")
+      last, total = int(m.group(3)), int(m.group(4))
+      for row in rows[1:]:
+        r = _VIEW_ROW_RE.match(row)
+        if r:
+          lines[int(r.group(1))] = r.group(2)
+      start = last + 1
+    return [lines[i] for i in range(1, total + 1)]
+
+
+def _failing_functions(test_obs: str) -> list[str]:
+  names = []
+  for row in test_obs.split("\n"):
+    m = _FAIL_RE.match(row)
+    if m and m.group(1) not in names:
+      names.append(m.group(1))
+  return names
+
+
+def _all_pass(test_obs: str) -> bool:
+  return bool(re.search(r"^all \d+ tests passed$", test_obs, re.M))
+
+
+def _cases_from_tests(test_source: str) -> dict[str, list[tuple[tuple, object]]]:
+  """{function: [(args, want)]} from the data-driven subtests of a test file."""
+  cases: dict[str, list] = {}
+  for node in ast.walk(mutations.parse(test_source)):
+    if not isinstance(node, ast.For) or not isinstance(node.target, ast.Tuple):
+      continue
+    targets = [t.id for t in node.target.elts if isinstance(t, ast.Name)]
+    call = next((n for n in ast.walk(node) if isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Attribute) and n.func.attr == "assertEqual"), None)
+    if call is None or not isinstance(call.args[0], ast.Call):
+      continue
+    fn_call = call.args[0]
+    fname = fn_call.func.id
+    arg_names = [a.id for a in fn_call.args]
+    want_name = call.args[1].id
+    rows = mutations.literal_eval(node.iter)
+    for row in rows:
+      values = dict(zip(targets, row))
+      cases.setdefault(fname, []).append(
+          (tuple(values[a] for a in arg_names), values[want_name]))
+  return cases
+
+
+def _passes(fn_source: str, name: str, cases) -> bool:
+  ns = {"__builtins__": _SAFE_BUILTINS}
+  try:
+    exec(compile(fn_source, f"<{name}>", "exec"), ns)
+    fn = ns[name]
+    for args, want in cases:
+      args = tuple(list(a) if isinstance(a, list) else a for a in args)
+      if not fn(*args) == want:
+        return False
+  except Exception:
+    return False
+  return True
+
+
+def _repairs(module_lines: list[str], name: str, cases):
+  """(module line number, new line) for each single-line repair that passes `cases`."""
+  fn = next((n for n in mutations.parse("\n".join(module_lines)).body
+             if isinstance(n, ast.FunctionDef) and n.name == name), None)
+  if fn is None:
+    return
+  src_lines = module_lines[fn.lineno - 1: fn.end_lineno]
+  fn_source = "\n".join(src_lines)
+  with mutations.AST_LOCK:
+    candidates = list(mutations.mutated_sources(mutations.canonical(fn_source), expert=True))
+  for _, idx, _, new in candidates:
+    candidate = "\n".join(new if i == idx else s for i, s in enumerate(src_lines))
+    if _passes(candidate, name, cases):
+      yield fn.lineno + idx, new
+
+
+def play_expert(env, task, max_turns: int | None = None) -> ExpertResult:
+  """Plays one episode of `task` on `env`; see the module docstring."""
+  first = env.reset(task)
+  budget = max_turns if max_turns is not None else env.config.max_turns
+  p = _Player(env, budget)
+  try:
+    files = [m.group(1) for m in map(_LS_RE.match, p.act("ls").split("\n")) if m]
+    tests = [f for f in files if f.rsplit("/", 1)[-1].startswith("test_") and f.endswith(".py")]
+    modules = [f for f in files if f.endswith(".py") and f not in tests]
+    obs = p.act("test")
+    if not _all_pass(obs):
+      failing = _failing_functions(obs)
+      sources = {m: p.read_file(m) for m in modules}
+      cases: dict = {}
+      for t in tests:
+        cases.update(_cases_from_tests("\n".join(p.read_file(t))))
+      original = {m: list(lines) for m, lines in sources.items()}
+      pending = {}  # function -> iterator of repairs not tried yet
+      applied = {}  # function -> line of its current repair
+      while failing:
+        progressed = False
+        for name in failing:
+          module = next((m for m, lines in sources.items()
+                         if any(l.startswith(f"def {name}(") for l in lines)), None)
+          if module is None or name not in cases:
+            continue
+          if name not in pending:
+            pending[name] = _repairs(original[module], name, cases[name])
+          fix = next(pending[name], None)
+          if fix is None:
+            continue
+          line, new = fix
+          old_line = applied.get(name)
+          if old_line is not None and old_line != line:  # Undo the repair that did not hold.
+            p.act("replace", path=module, start=old_line, end=old_line,
+                  text=original[module][old_line - 1])
+            sources[module][old_line - 1] = original[module][old_line - 1]
+          p.act("replace", path=module, start=line, end=line, text=new)
+          sources[module][line - 1] = new
+          applied[name] = line
+          progressed = True
+        if not progressed:
+          break
+        obs = p.act("test")
+        if _all_pass(obs):
+          break
+        failing = _failing_functions(obs)
+    if not p.done:
+      p.act("submit")
+  except _OutOfTurns:
+    pass
+  solved = p.done and p.end_reason == "submit" and p.reward == 1.0
+  return ExpertResult(first, p.turns, p.reward, solved, p.end_reason, p.infos)

@@ -1,0 +1,112 @@
+"""Dynamic sampling (DAPO, Yu et al. 2025): keep only groups whose rewards differ, refill.
+
+A group whose rewards are all equal has zero group-relative advantage
+everywhere, so it adds no policy gradient. `DynamicSampler.collect` asks the
+rollout side for groups of tasks chosen by a `TaskSelector`, records every
+outcome in the pass-rate tracker (the dropped groups are informative for task
+selection), keeps the groups with differing rewards and asks again until the
+batch is full or `max_sampling_rounds` have run. If still short, it tops the
+batch up with dropped groups so the learner's batch keeps its (jit) shape and
+says how many it used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from agentic_rl.rl.task_selection import TaskSelector
+
+
+def is_informative(rewards: Sequence[float], tol: float = 1e-9) -> bool:
+  """True when the group's rewards are not all equal (within tol)."""
+  r = np.asarray(rewards, np.float64)
+  return r.size > 1 and float(r.max() - r.min()) > tol
+
+
+def informative_mask(rewards_b: np.ndarray, group_id_b: np.ndarray, tol: float = 1e-9
+                     ) -> np.ndarray:
+  """Per-row bool: the row's group has differing rewards (for an already flat batch)."""
+  rewards_b, group_id_b = np.asarray(rewards_b, np.float64), np.asarray(group_id_b)
+  keep = np.zeros(rewards_b.shape, bool)
+  for g in np.unique(group_id_b):
+    rows = group_id_b == g
+    keep[rows] = is_informative(rewards_b[rows], tol)
+  return keep
+
+
+@dataclasses.dataclass
+class Group:
+  task_id: Hashable
+  rewards: np.ndarray  # [group_size]
+  payload: Any = None  # the trajectories, as the rollout side returns them
+
+
+@dataclasses.dataclass
+class CollectStats:
+  rounds: int
+  groups_sampled: int
+  groups_dropped: int
+  uninformative_filled: int  # dropped groups used to top up a short batch
+
+  @property
+  def filled_with_informative(self) -> bool:
+    return self.uninformative_filled == 0
+
+
+GenerateFn = Callable[[list, int], Sequence[Group]]
+
+
+class DynamicSampler:
+  """Fills batches with informative groups; see the module doc."""
+
+  def __init__(self, selector: TaskSelector, generate: GenerateFn):
+    """generate(task_ids, group_size) -> one `Group` per task id, in order."""
+    self.selector = selector
+    self.generate = generate
+    self._informative_rate = 1.0  # running estimate, sizes each refill request
+
+  def collect(self, num_groups: int) -> tuple[list[Group], CollectStats]:
+    spec = self.selector.spec
+    kept: list[Group] = []
+    dropped: list[Group] = []
+    sampled = rounds = 0
+    while len(kept) < num_groups and rounds < spec.max_sampling_rounds:
+      rounds += 1
+      remaining = num_groups - len(kept)
+      request = remaining if rounds == 1 else math.ceil(
+          remaining / max(self._informative_rate, 0.1))
+      tasks = self.selector.sample(request)
+      groups = list(self.generate(tasks, spec.group_size))
+      if len(groups) != len(tasks):
+        raise ValueError(f"generate returned {len(groups)} groups for {len(tasks)} tasks.")
+      sampled += len(groups)
+      useful = 0
+      for task, group in zip(tasks, groups):
+        rewards = np.asarray(group.rewards, np.float64)
+        if group.task_id != task or rewards.shape != (spec.group_size,):
+          raise ValueError(f"generate: group for task {task!r} came back as task "
+                           f"{group.task_id!r} with rewards of shape {rewards.shape}; "
+                           f"expected shape ({spec.group_size},).")
+        self.selector.record([task] * rewards.size, rewards)
+        if not spec.dynamic_sampling or is_informative(rewards):
+          kept.append(group)
+          useful += 1
+        else:
+          dropped.append(group)
+      self._informative_rate = 0.5 * self._informative_rate + 0.5 * useful / len(groups)
+    kept = kept[:num_groups]
+    filled = 0
+    while len(kept) < num_groups and dropped:
+      kept.append(dropped.pop())
+      filled += 1
+    if len(kept) < num_groups:
+      raise RuntimeError(f"collected only {len(kept)} of {num_groups} groups in "
+                         f"{rounds} rounds.")
+    return kept, CollectStats(rounds=rounds, groups_sampled=sampled,
+                              groups_dropped=len(dropped) + filled,
+                              uninformative_filled=filled)

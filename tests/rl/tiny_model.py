@@ -1,0 +1,102 @@
+"""A tiny hybrid MoE (S + G layers, both MoE) and a cache-path sampler, for the RL tests."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_rl.model import config as model_config_lib
+from agentic_rl.model import transformer
+from agentic_rl.rl import config as rl_config_lib
+
+
+def model_config(**changes):
+  """One sparse (G) attention layer with an MoE FFN: routing and block selection, and the
+  fastest compile on CPU (the default suite compiles it a handful of times)."""
+  c = model_config_lib.default_model_config()
+  c.vocab_size = 64
+  c.d_model = 32
+  c.num_layers = 1
+  c.layer_pattern = "G"
+  c.num_heads = 4
+  c.num_kv_heads = 2
+  c.head_dim = 8
+  c.max_seq_len = 64
+  c.sliding_window = 8
+  c.block_size = 4
+  c.topk_tokens = 8  # 2 of up to 16 blocks per query group
+  c.num_dense_layers = 0
+  c.moe.num_experts = 4
+  c.moe.num_experts_per_token = 2
+  c.moe.d_ff_expert = 16
+  for k, v in changes.items():
+    section = c
+    *path, last = k.split(".")
+    for p in path:
+      section = section[p]
+    section[last] = v
+  return c
+
+
+def make_model(seed=0, **changes):
+  spec = model_config_lib.validate(model_config(**changes))
+  model = transformer.Model(spec)
+  return model, model.init(jax.random.key(seed))
+
+
+def rl_spec(**changes):
+  c = rl_config_lib.default_rl_config()
+  for k, v in changes.items():
+    section, name = k.split(".")
+    c[section][name] = v
+  return rl_config_lib.validate(c)
+
+
+def random_sequences(vocab, b=4, t=40, prompt=12, seed=0):
+  """tokens, positions and a loss mask on everything after the prompt."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, vocab, (b, t)).astype(np.int32)
+  positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
+  mask = np.zeros((b, t), np.float32)
+  mask[:, prompt:] = 1
+  return tokens, positions, mask
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_forward(model):
+  return jax.jit(model.forward)
+
+
+def cache_path_sampler(model, params, tokens, prompt_len):
+  """The sampler's view: prefill the prompt into the cache, then decode one token at a time
+  (teacher-forced on `tokens`). Returns target-aligned log-probs [B, T] of tokens
+  prompt_len.. and the replay record (experts, blocks) of every position."""
+  b, t = tokens.shape
+  fwd = _jitted_forward(model)
+  cache = model.init_cache(b)
+  pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  toks = jnp.asarray(tokens)
+  logits, cache, aux = fwd(params, toks[:, :prompt_len], pos[:, :prompt_len], cache)
+  step_logits = [logits[:, -1]]
+  records = [aux["layers"]]
+  for i in range(prompt_len, t - 1):
+    logits, cache, aux = fwd(params, toks[:, i:i + 1], pos[:, i:i + 1], cache)
+    step_logits.append(logits[:, 0])
+    records.append(aux["layers"])
+  # The last token is never fed back in a real sampler; record it with one more step.
+  _, _, aux = fwd(params, toks[:, t - 1:], pos[:, t - 1:], cache)
+  records.append(aux["layers"])
+  logp = jax.nn.log_softmax(jnp.stack(step_logits, axis=1), axis=-1)  # scores tokens P..T-1
+  tok_logp = jnp.take_along_axis(logp, toks[:, prompt_len:, None], axis=-1)[..., 0]
+  sampler_logp = np.zeros((b, t), np.float32)
+  sampler_logp[:, prompt_len:] = np.asarray(tok_logp)
+  replay = []
+  for layer in range(len(records[0])):
+    entry = {}
+    if "experts" in records[0][layer]:
+      entry["experts"] = jnp.concatenate([r[layer]["experts"] for r in records], axis=1)
+    if "blocks" in records[0][layer]:
+      entry["blocks"] = jnp.concatenate([r[layer]["blocks"] for r in records], axis=2)
+    replay.append(entry)
+  return sampler_logp, tuple(replay)
