@@ -177,7 +177,7 @@ def main(argv):
                else tokenizer_lib.ByteTokenizer())
   env_cfg = config.env if "env" in config else env_config_lib.default_env_config()
   model = transformer.Model(spec)
-  params = jax.jit(model.init)(jax.random.key(config.get("seed", 0)))
+  params = model.init(jax.random.key(config.get("seed", 0)))
   env_factory = lambda: swe_env.SweEnv(env_cfg)
 
   source = datasets.SweTaskSource("train", tiers=(_TIER.value,), config=env_cfg)

@@ -147,9 +147,7 @@ def _repairs(module_lines: list[str], name: str, cases):
     return
   src_lines = module_lines[fn.lineno - 1: fn.end_lineno]
   fn_source = "\n".join(src_lines)
-  with mutations.AST_LOCK:
-    candidates = list(mutations.mutated_sources(mutations.canonical(fn_source), expert=True))
-  for _, idx, _, new in candidates:
+  for _, idx, _, new in mutations.mutated_sources(mutations.canonical(fn_source), expert=True):
     candidate = "\n".join(new if i == idx else s for i, s in enumerate(src_lines))
     if _passes(candidate, name, cases):
       yield fn.lineno + idx, new

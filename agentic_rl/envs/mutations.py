@@ -151,29 +151,43 @@ def _replace_child(parent: ast.AST, old: ast.AST, new: ast.AST) -> None:
   raise ValueError("node not found under its parent")
 
 
-def apply_mutation(fn: ast.FunctionDef, m: Mutation) -> ast.FunctionDef:
-  """A mutated deep copy of `fn`."""
-  fn2 = copy.deepcopy(fn)
-  nodes = _nodes(fn2)
+def _mutate_in_place(nodes: list[ast.AST], parents: dict[int, ast.AST], m: Mutation):
+  """Applies `m` to the tree `nodes` came from; returns a function that undoes it."""
   n = nodes[m.node_index]
   kind = m.action[0]
   if kind == "const":
+    old = n.value
     n.value = m.action[1]
-  elif kind == "op":
+    return lambda: setattr(n, "value", old)
+  if kind in ("op", "boolop"):
+    old = n.op
     n.op = m.action[1]()
-  elif kind == "boolop":
-    n.op = m.action[1]()
-  elif kind == "cmp":
-    n.ops[m.action[1]] = m.action[2]()
-  elif kind == "name":
+    return lambda: setattr(n, "op", old)
+  if kind == "cmp":
+    j, old = m.action[1], n.ops[m.action[1]]
+    n.ops[j] = m.action[2]()
+    return lambda: n.ops.__setitem__(j, old)
+  if kind == "name":
+    old = n.value
     n.value = ast.Name(id=m.action[1], ctx=ast.Load())
-  elif kind in ("wrap", "unwrap"):
-    parent = next(p for p in nodes if any(c is n for c in ast.iter_child_nodes(p)))
+    return lambda: setattr(n, "value", old)
+  if kind in ("wrap", "unwrap"):
+    parent = parents[id(n)]
     new = (ast.BinOp(left=n, op=m.action[1](), right=ast.Constant(1)) if kind == "wrap"
            else n.left)
     _replace_child(parent, n, new)
-  else:
-    raise ValueError(f"unknown mutation action {m.action!r}")
+    return lambda: _replace_child(parent, new, n)
+  raise ValueError(f"unknown mutation action {m.action!r}")
+
+
+def _parents(fn: ast.AST) -> dict[int, ast.AST]:
+  return {id(c): p for p in ast.walk(fn) for c in ast.iter_child_nodes(p)}
+
+
+def apply_mutation(fn: ast.FunctionDef, m: Mutation) -> ast.FunctionDef:
+  """A mutated deep copy of `fn`."""
+  fn2 = copy.deepcopy(fn)
+  _mutate_in_place(_nodes(fn2), _parents(fn2), m)
   return ast.fix_missing_locations(fn2)
 
 
@@ -191,12 +205,17 @@ def one_line_change(before: str, after: str) -> tuple[int, str, str] | None:
 def mutated_sources(fn_source: str, *, expert: bool, family: str | None = None
                     ) -> Iterator[tuple[Mutation, int, str, str]]:
   """(mutation, line, old line, new line) for every one-line mutation of a canonical function."""
-  fn = parse(fn_source).body[0]
+  fn = parse(fn_source).body[0]  # The only C-level AST conversion here (see AST_LOCK).
+  nodes, parents = _nodes(fn), _parents(fn)
   seen = set()
-  for m in enumerate_mutations(fn, expert=expert):
+  for m in list(enumerate_mutations(fn, expert=expert)):
     if family is not None and m.family != family:
       continue
-    new_source = ast.unparse(apply_mutation(fn, m))
+    undo = _mutate_in_place(nodes, parents, m)  # Unparsed, then undone: no copies.
+    try:
+      new_source = ast.unparse(fn)
+    finally:
+      undo()
     change = one_line_change(fn_source, new_source)
     if change is None or (change[0], change[2]) in seen:
       continue

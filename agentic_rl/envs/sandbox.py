@@ -364,6 +364,7 @@ class Sandbox:
                                           and self._iso.network_isolated) else None
     self._bwrap = shutil.which("bwrap") if self._iso.level == "bubblewrap" else None
     self._server: subprocess.Popen | None = None
+    self._server_ready = False
     self.server_starts = 0
     self._closed = False
     if self.uid is not None:
@@ -500,14 +501,27 @@ class Sandbox:
     """Whether one server serves many requests: only where leftovers can be detected."""
     return self._iso.level == "bubblewrap" or self.uid is not None
 
-  def _start_server(self) -> str:
-    """Starts the server; returns "" or why it did not come up."""
+  def prestart(self) -> None:
+    """Starts the fork server without waiting for it: its start-up then overlaps with
+    whatever the caller does next (the policy's first generation, typically)."""
+    if self._server is None and not self._closed:
+      self._spawn_server()
+
+  def _spawn_server(self) -> None:
     cmd = self._command(["-I", "-S", "-B", "-c", _SERVER_SOURCE, self.workdir,
                          "1" if self.reuses_server else "0"])
-    proc = subprocess.Popen(
+    self._server = subprocess.Popen(
         cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         cwd=self.workspace.path, env=self._env(), start_new_session=True, close_fds=True)
-    self._server = proc
+    self._server_ready = False
+
+  def _start_server(self) -> str:
+    """Makes sure a server is up and has said READY; returns "" or why it did not."""
+    if self._server is None:
+      self._spawn_server()
+    if self._server_ready:
+      return ""
+    proc = self._server
     ready = (sandbox_server.READY + "\n").encode()
     buf, err = bytearray(), _HeadTail(4096)
     deadline = time.perf_counter() + _SERVER_START_TIMEOUT_S
@@ -528,6 +542,7 @@ class Sandbox:
             key.data.add(data)
     if buf.endswith(ready):
       self.server_starts += 1
+      self._server_ready = True
       return ""
     self._stop_server()
     return f"the sandbox did not start: {err.text().strip()[-400:] or 'no output'}"
@@ -552,7 +567,7 @@ class Sandbox:
     t0 = time.perf_counter()
     line = (json.dumps(payload) + "\n").encode()
     for attempt in (0, 1):
-      if self._server is None:
+      if self._server is None or not self._server_ready:
         why = self._start_server()
         if why:
           return RunResult(None, "", "", 0, 0, False, False, time.perf_counter() - t0,
@@ -663,6 +678,8 @@ class Sandbox:
     """Kills every process of this sandbox's uid: atomically as that uid, then checks."""
     if self.uid is None or self.uid == 0 or self.uid == os.getuid():
       return
+    if not _live_pids_of_uid(self.uid):
+      return  # Nothing runs (a fork bomb cannot have zero live processes).
     # kill(-1) as the uid signals all its processes under one kernel lock: a fork bomb
     # cannot outrun it. (procps kill: "-9 -- -1"; "-s KILL -- -1" is not accepted.)
     subprocess.run([self._kill, "-9", "--", "-1"], user=self.uid, group=self.uid,

@@ -102,6 +102,7 @@ class SweEnv:
     self._sandbox = Sandbox(self.config)
     self._finalizer = weakref.finalize(self, self._sandbox.close)
     self._sandbox.workspace.write_initial(task.files)
+    self._sandbox.prestart()  # Overlaps the sandbox's start-up with the policy's first turn.
     self._task = task
     self._policy = PermissionPolicy(task.allowlist)
     self.trajectory_id = trajectory_id or uuid.uuid4().hex[:16]

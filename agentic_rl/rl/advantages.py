@@ -75,13 +75,11 @@ def turn_signals(process_reward_bt, turn_index_bt, loss_mask_bt, max_turns: int
 
   Turn indices >= max_turns fold into the last turn.
   """
-  b, t = turn_index_bt.shape
-  turn_bt = jnp.clip(turn_index_bt, 0, max_turns - 1)
-  seg_bt = jnp.arange(b)[:, None] * max_turns + turn_bt
-  p_bj = jax.ops.segment_sum(process_reward_bt.reshape(-1), seg_bt.reshape(-1),
-                             num_segments=b * max_turns).reshape(b, max_turns)
-  present_bj = jax.ops.segment_max(loss_mask_bt.reshape(-1), seg_bt.reshape(-1),
-                                   num_segments=b * max_turns).reshape(b, max_turns) > 0
+  turn_btj = jax.nn.one_hot(jnp.clip(turn_index_bt, 0, max_turns - 1), max_turns,
+                            dtype=jnp.float32)
+  hi = jax.lax.Precision.HIGHEST  # exact sums on TPU too
+  p_bj = jnp.einsum("bt,btj->bj", process_reward_bt, turn_btj, precision=hi)
+  present_bj = jnp.einsum("bt,btj->bj", loss_mask_bt, turn_btj, precision=hi) > 0
   return p_bj, present_bj
 
 

@@ -34,21 +34,34 @@ def position_buckets(positions_bt, num_buckets: int, max_position: int):
   return jnp.clip(pos_bt * num_buckets // max_position, 0, num_buckets - 1)
 
 
-def _bucket_sum(x_bt, bucket_bt, num_buckets):
-  return jax.ops.segment_sum(x_bt.reshape(-1), bucket_bt.reshape(-1), num_segments=num_buckets)
+def _bucketed_sums(values: dict, weight_bt, turn_bt, bucket_bt, num_turns, num_buckets
+                   ) -> dict:
+  """Weighted sums of each [B, T] value: total, per turn [num_turns], per position bucket.
+
+  One-hot contractions (at full float32 precision, also on TPU) rather than scatters:
+  the bucket counts are small, and this compiles much faster than segment sums.
+  """
+  names = list(values)
+  stacked_btq = jnp.stack([jnp.where(weight_bt > 0, values[n], 0.0) * weight_bt
+                           for n in names], axis=-1)
+  turn_btj = jax.nn.one_hot(turn_bt, num_turns, dtype=jnp.float32)
+  pos_btp = jax.nn.one_hot(bucket_bt, num_buckets, dtype=jnp.float32)
+  hi = jax.lax.Precision.HIGHEST
+  total_q = jnp.sum(stacked_btq, axis=(0, 1))
+  turn_jq = jnp.einsum("btq,btj->jq", stacked_btq, turn_btj, precision=hi)
+  pos_pq = jnp.einsum("btq,btp->pq", stacked_btq, pos_btp, precision=hi)
+  out = {}
+  for q, name in enumerate(names):
+    out[name] = total_q[q]
+    out[f"turn/{name}"] = turn_jq[:, q]
+    out[f"pos/{name}"] = pos_pq[:, q]
+  return out
 
 
-def _bucket_max(x_bt, bucket_bt, num_buckets):
-  out = jax.ops.segment_max(x_bt.reshape(-1), bucket_bt.reshape(-1), num_segments=num_buckets)
-  return jnp.maximum(out, 0.0)  # empty buckets give -inf; |log r| >= 0 anyway
-
-
-def _with_breakdown(sums, name, value_bt, weight_bt, turn_bt, bucket_bt, num_turns,
-                    num_buckets):
-  weighted_bt = jnp.where(weight_bt > 0, value_bt, 0.0) * weight_bt
-  sums[name] = jnp.sum(weighted_bt)
-  sums[f"turn/{name}"] = _bucket_sum(weighted_bt, turn_bt, num_turns)
-  sums[f"pos/{name}"] = _bucket_sum(weighted_bt, bucket_bt, num_buckets)
+def _bucketed_max(x_bt, bucket_bt, num_buckets):
+  """Per-bucket max of a non-negative value (0 for an empty bucket)."""
+  one_hot_btk = jax.nn.one_hot(bucket_bt, num_buckets, dtype=jnp.bool_)
+  return jnp.max(jnp.where(one_hot_btk, x_bt[..., None], 0.0), axis=(0, 1))
 
 
 def logprob_mismatch_sums(learner_logp_bt, sampler_logp_bt, mask_bt, turn_index_bt,
@@ -60,19 +73,19 @@ def logprob_mismatch_sums(learner_logp_bt, sampler_logp_bt, mask_bt, turn_index_
   r_bt = jnp.exp(log_r_bt)
   turn_bt = jnp.clip(turn_index_bt, 0, num_turns - 1)
   bucket_bt = position_buckets(positions_bt, num_position_buckets, max_position)
-  outside_bt = ((r_bt < ratio_low) | (r_bt > ratio_high)).astype(jnp.float32)
   abs_bt = jnp.abs(log_r_bt)
-  sums = {}
-  args = (mask_bt, turn_bt, bucket_bt, num_turns, num_position_buckets)
-  _with_breakdown(sums, "tokens", jnp.ones_like(mask_bt), *args)
-  _with_breakdown(sums, "k1", -log_r_bt, *args)
-  _with_breakdown(sums, "k3", (r_bt - 1.0) - log_r_bt, *args)
-  _with_breakdown(sums, "abs", abs_bt, *args)
-  _with_breakdown(sums, "outside", outside_bt, *args)
+  values = {
+      "tokens": jnp.ones_like(mask_bt),
+      "k1": -log_r_bt,
+      "k3": (r_bt - 1.0) - log_r_bt,
+      "abs": abs_bt,
+      "outside": ((r_bt < ratio_low) | (r_bt > ratio_high)).astype(jnp.float32),
+  }
+  sums = _bucketed_sums(values, mask_bt, turn_bt, bucket_bt, num_turns, num_position_buckets)
   masked_abs_bt = abs_bt * mask_bt
   sums["abs_max"] = jnp.max(masked_abs_bt)
-  sums["turn/abs_max"] = _bucket_max(masked_abs_bt, turn_bt, num_turns)
-  sums["pos/abs_max"] = _bucket_max(masked_abs_bt, bucket_bt, num_position_buckets)
+  sums["turn/abs_max"] = _bucketed_max(masked_abs_bt, turn_bt, num_turns)
+  sums["pos/abs_max"] = _bucketed_max(masked_abs_bt, bucket_bt, num_position_buckets)
   return sums
 
 
@@ -90,7 +103,6 @@ def selection_agreement_sums(learner_layers, recorded_layers, positions_bt, turn
   valid_bt = (positions_bt >= 0).astype(jnp.float32)
   turn_bt = jnp.clip(turn_index_bt, 0, num_turns - 1)
   bucket_bt = position_buckets(positions_bt, num_position_buckets, max_position)
-  args = (turn_bt, bucket_bt, num_turns, num_position_buckets)
   num_layers = len(recorded_layers)
   sums = {}
   route_overlap, route_exact, route_slots, route_recorded, route_layer = [], [], [], [], []
@@ -115,25 +127,25 @@ def selection_agreement_sums(learner_layers, recorded_layers, positions_bt, turn
       block_layer.append((i, jnp.sum(overlap_bt), jnp.sum(used_bt)))
 
   def per_layer(entries):
-    num = jnp.zeros((num_layers,), jnp.float32)
-    den = jnp.zeros((num_layers,), jnp.float32)
+    num = [jnp.float32(0.0)] * num_layers
+    den = [jnp.float32(0.0)] * num_layers
     for i, n, d in entries:
-      num, den = num.at[i].set(n), den.at[i].set(d)
-    return num, den
+      num[i], den[i] = n, d
+    return jnp.stack(num), jnp.stack(den)
 
+  values = {}
   if route_overlap:
-    ones = jnp.ones_like(valid_bt)
-    _with_breakdown(sums, "route_overlap", sum(route_overlap), ones, *args)
-    _with_breakdown(sums, "route_slots", sum(route_slots), ones, *args)
+    values["route_overlap"], values["route_slots"] = sum(route_overlap), sum(route_slots)
     # Exact-match rate over (token, MoE layer) pairs.
     sums["route_exact"] = jnp.sum(sum(route_exact))
     sums["route_tokens"] = jnp.sum(sum(route_recorded))
     sums["layer/route_overlap"], sums["layer/route_slots"] = per_layer(route_layer)
   if block_overlap:
-    ones = jnp.ones_like(valid_bt)
-    _with_breakdown(sums, "block_overlap", sum(block_overlap), ones, *args)
-    _with_breakdown(sums, "block_used", sum(block_used), ones, *args)
+    values["block_overlap"], values["block_used"] = sum(block_overlap), sum(block_used)
     sums["layer/block_overlap"], sums["layer/block_used"] = per_layer(block_layer)
+  if values:
+    sums.update(_bucketed_sums(values, jnp.ones_like(valid_bt), turn_bt, bucket_bt, num_turns,
+                               num_position_buckets))
   return sums
 
 

@@ -231,6 +231,10 @@ class RolloutEngine:
     tokens depend only on (config seed, task seed, member index) and the
     params, not on slot assignment or on what else runs.
     """
+    if getattr(self, "_running", False):
+      raise RuntimeError("this engine is already generating; one generate() at a time "
+                         "(its slots and caches belong to that run).")
+    self._running = True
     spec = self.spec
     task_iter = iter(enumerate(tasks))
     seeds = None if task_seeds is None else list(task_seeds)
@@ -269,6 +273,7 @@ class RolloutEngine:
     finally:
       self.stats.wall_s += time.perf_counter() - start
       self._abandon()
+      self._running = False
 
   def close(self) -> None:
     self._pool.shutdown(wait=True)

@@ -32,9 +32,9 @@ def test_defaults_validate_and_zero_means_capacity(spec):
 
 @pytest.mark.parametrize("changes,field", [
     (dict(num_slots=0), "num_slots"),
-    (dict(max_len=1000), "max_len"),  # Above model.max_seq_len.
-    (dict(max_len=250), "max_len"),  # Not a multiple of block_size.
-    (dict(prefill_chunk=512), "prefill_chunk"),
+    (dict(max_len=4096), "max_len"),  # Above model.max_seq_len.
+    (dict(max_len=1022), "max_len"),  # Not a multiple of block_size.
+    (dict(max_len=512, prefill_chunk=1024), "prefill_chunk"),
     (dict(prefill_rows=9), "prefill_rows"),
     (dict(prefill_rows=3, prompt_store_rows=2), "prefill_rows"),
     (dict(temperature=-0.5), "temperature"),

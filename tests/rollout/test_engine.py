@@ -107,6 +107,25 @@ def test_same_seeds_give_the_same_tokens_whatever_slot_and_batch(
   assert len({t.tokens.tobytes() for t in alone.values()}) == len(alone)
 
 
+@pytest.mark.slow
+def test_same_seeds_give_the_same_tokens_with_another_slot_count_and_prefill_rows(
+    tiny_model, tokenizer, sampled_steps):
+  # Two slots and two rows per prefill call: other decode and prefill batch shapes
+  # (two more compilations, ~20 s on a 2-core CPU).
+  seeds = [101, 202, 303]
+  three = make_engine(tiny_model, tokenizer, sampled_steps, CountdownEnv)
+  reference = {t.seed: t for t in three.run(TASKS[:3], task_seeds=seeds)}
+  three.close()
+  two = make_engine(tiny_model, tokenizer, sampled_steps, CountdownEnv, num_slots=2,
+                    prefill_rows=2, prompt_store_rows=2)
+  other = {t.seed: t for t in two.run(TASKS[:3][::-1], task_seeds=seeds[::-1])}
+  two.close()
+  assert two.stats.prefill_calls < two.stats.prefilled_tokens / 32  # Rows were batched.
+  for seed, t in reference.items():
+    np.testing.assert_array_equal(t.tokens, other[seed].tokens)
+    np.testing.assert_allclose(t.sampler_logp, other[seed].sampler_logp, atol=1e-5)
+
+
 def test_prompt_and_tool_tokens_are_masked(tiny_model, tokenizer, sampled_steps):
   factory = RecordingFactory()
   engine = make_engine(tiny_model, tokenizer, sampled_steps, factory)
@@ -203,9 +222,12 @@ def test_no_recompilation_during_or_across_runs(tiny_model, tokenizer, sampled_s
   engine.run(TASKS[2:] + [{"start": 9, "pad": 20}])
   engine.close()
   assert dict(sampled_steps.trace_counts) == warm
-  # One forward for decode (3 slots, 1 position), one for prefill (P rows, C positions):
-  # every engine of this module has 3 slots and P = 1.
-  assert warm["forward_and_sample"] == 2
+  # A new engine of the same shapes reuses every compiled step.
+  other = make_engine(tiny_model, tokenizer, sampled_steps, CountdownEnv, group_size=2)
+  other.run(TASKS[:1])
+  other.close()
+  assert dict(sampled_steps.trace_counts) == warm
+  assert warm["forward_and_sample"] >= 2  # Decode and prefill shapes, at least.
 
 
 def test_policy_version_is_recorded_per_token(tiny_model, tokenizer, sampled_steps):

@@ -31,11 +31,18 @@ def reference_distribution(logits_v, temperature, top_k, top_p):
   return np.where(keep, scaled - logz, -np.inf), keep
 
 
+@jax.jit
+def _keys(seeds, positions):
+  return sampling.trajectory_keys(seeds, positions)
+
+
+_sample = jax.jit(sampling.sample, static_argnums=(2,))
+
+
 def draw(logits_bv, seeds, positions, params, forced=None):
-  keys = sampling.trajectory_keys(jnp.asarray(seeds, jnp.uint32),
-                                  jnp.asarray(positions, jnp.int32))
-  out = sampling.sample(jnp.asarray(logits_bv, jnp.float32), keys, params,
-                        None if forced is None else jnp.asarray(forced, jnp.int32))
+  keys = _keys(jnp.asarray(seeds, jnp.uint32), jnp.asarray(positions, jnp.int32))
+  out = _sample(jnp.asarray(logits_bv, jnp.float32), keys, params,
+                None if forced is None else jnp.asarray(forced, jnp.int32))
   return jax.device_get(out)
 
 

@@ -1,0 +1,53 @@
+"""The scripted expert: it solves every generated task through the tool protocol alone."""
+
+import dataclasses
+import time
+
+import pytest
+
+from agentic_rl.envs.datasets import SweTaskSource
+from agentic_rl.envs.expert import play_expert
+from agentic_rl.envs.swe_env import SweEnv
+from agentic_rl.envs.tool_call import ToolCall, parse_tool_call
+from launch.bench_env import run_episodes
+from tests.envs.conftest import env_config
+
+TIERS = ("easy", "medium", "hard")
+
+
+def test_expert_uses_only_tool_output():
+  # The env never reads the bug record; scrubbing it cannot matter to an honest expert.
+  task = SweTaskSource("heldout", ("medium",))[3]
+  scrubbed = dataclasses.replace(task, bugs=(), functions=(), distractors=())
+  with SweEnv(env_config()) as env:
+    result = play_expert(env, scrubbed)
+  assert result.solved and result.reward == 1.0 and result.end_reason == "submit"
+  for action, obs in result.turns:
+    assert isinstance(parse_tool_call(action), ToolCall)
+    assert len(obs) <= env.config.max_observation_chars
+  names = [parse_tool_call(a).name for a, _ in result.turns]
+  assert names[:2] == ["ls", "test"] and names[-2:] == ["test", "submit"]
+  assert names.count("replace") == len(task.bugs)
+
+
+def test_easy_demonstrations_are_short():
+  src = SweTaskSource("train", ("easy",))
+  with SweEnv(env_config()) as env:
+    sizes = []
+    for i in range(5):
+      r = play_expert(env, src[i])
+      assert r.solved
+      sizes.append(len(r.first_observation) + sum(len(a) + len(o) for a, o in r.turns))
+  assert max(sizes) < 2600, sizes  # Bytes, i.e. byte-level tokens (plus the tag tokens).
+
+
+def test_expert_solves_every_generated_task_of_every_tier():
+  tasks = []
+  for split, start in (("train", 0), ("heldout", 0)):
+    src = SweTaskSource(split, TIERS)
+    tasks += [src[i] for i in range(start, start + 105)]
+  assert len(tasks) == 210 and {t.tier for t in tasks} == set(TIERS)
+  results = run_episodes(tasks, env_config(timeout_s=5.0), threads=4)
+  failed = [(t.tier, t.seed, r.end_reason, r.reward) for t, r in zip(tasks, results)
+            if not r.solved]
+  assert failed == []
