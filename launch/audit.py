@@ -16,7 +16,8 @@ from agentic_rl.envs.audit import SEAL_SUFFIX, verify_audit_log
 
 
 def main(argv: list[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m launch.audit", description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m launch.audit",
+                                   description=__doc__.split("\n")[0])
   sub = parser.add_subparsers(dest="command", required=True)
   v = sub.add_parser("verify", help="verify the hash chain of an audit log and summarize it")
   v.add_argument("path")

@@ -45,7 +45,7 @@ from agentic_rl.rollout import tokenizer as tokenizer_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
 _JSON = flags.DEFINE_bool("json", False, "Print only the JSON report.")
-_TASKS = flags.DEFINE_integer("num_tasks", 24, "SWE tasks (groups) in the timed run.")
+_TASKS = flags.DEFINE_integer("num_tasks", 48, "SWE tasks (groups) in the timed run.")
 _TIER = flags.DEFINE_string("tier", "easy", "SWE difficulty tier.")
 _SLOTS = flags.DEFINE_integer("num_slots", 0, "Override config.rollout.num_slots (0: keep).")
 _CHUNK = flags.DEFINE_integer("prefill_chunk", 0, "Override config.rollout.prefill_chunk.")

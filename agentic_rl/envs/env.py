@@ -6,9 +6,12 @@ returns the first observation, `step(action_text)` returns a `StepResult`
 `close()` (or leaving a `with` block) removes the episode's workspace.
 
 `info` always holds: 'tool' (str | None), 'decision' ('allowed' | 'denied' |
-'timeout' | 'error'), 'process_signal' (change in the fraction of tests
-passing this turn), 'tests_passed', 'tests_total', 'turn', and, once done,
-'end_reason' ('submit' | 'turn_budget' | 'time_budget').
+'timeout' | 'error'), 'reason' (why, when not plainly allowed), 'process_signal'
+(change in the fraction of tests passing this turn), 'tests_passed',
+'tests_total', 'turn', 'exit_code' (of sandboxed code, else None),
+'duration_s', 'observation_truncated', 'trajectory_id', 'audit_seq',
+'isolation', and, once done, 'end_reason' ('submit' | 'turn_budget' |
+'time_budget').
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import dataclasses
 import re
 
 from agentic_rl.envs import mutations
+from agentic_rl.envs.sandbox_server import plain_equal
 from agentic_rl.envs.tool_call import format_tool_call
 
 _LS_RE = re.compile(r"^(\S+) \((\d+) lines\)$")
@@ -132,7 +133,7 @@ def _passes(fn_source: str, name: str, cases) -> bool:
     fn = ns[name]
     for args, want in cases:
       args = tuple(list(a) if isinstance(a, list) else a for a in args)
-      if not fn(*args) == want:
+      if not plain_equal(fn(*args), want):  # What the sandbox's runner checks.
         return False
   except Exception:
     return False

@@ -40,7 +40,8 @@ ARITH_OPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod)
 CMP_OPS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq)
 BOOL_OPS = (ast.And, ast.Or)
 # The swaps a programmer typically makes, used when injecting bugs.
-NATURAL_ARITH = {ast.Add: (ast.Sub, ast.Mult), ast.Sub: (ast.Add,), ast.Mult: (ast.Add, ast.FloorDiv),
+NATURAL_ARITH = {ast.Add: (ast.Sub, ast.Mult), ast.Sub: (ast.Add,),
+                 ast.Mult: (ast.Add, ast.FloorDiv),
                  ast.FloorDiv: (ast.Mod, ast.Mult), ast.Mod: (ast.FloorDiv,)}
 NATURAL_CMP = {ast.Lt: (ast.LtE, ast.Gt), ast.LtE: (ast.Lt, ast.GtE), ast.Gt: (ast.GtE, ast.Lt),
                ast.GtE: (ast.Gt, ast.LtE), ast.Eq: (ast.NotEq,), ast.NotEq: (ast.Eq,)}
@@ -117,7 +118,8 @@ def enumerate_mutations(fn: ast.FunctionDef, *, expert: bool) -> Iterator[Mutati
         if op is not type(n.op):
           yield Mutation("swapped_operator", i, ("op", op))
     if isinstance(n, ast.BoolOp):
-      yield Mutation("swapped_operator", i, ("boolop", ast.Or if isinstance(n.op, ast.And) else ast.And))
+      other = ast.Or if isinstance(n.op, ast.And) else ast.And
+      yield Mutation("swapped_operator", i, ("boolop", other))
     if isinstance(n, ast.Compare):
       for j, op in enumerate(n.ops):
         if isinstance(op, CMP_OPS):

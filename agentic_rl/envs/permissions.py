@@ -23,4 +23,5 @@ class PermissionPolicy:
     """(allowed, reason shown to the agent when not)."""
     if tool in self.allowlist:
       return True, ""
-    return False, f"tool {tool!r} is not allowed for this task; allowed: {', '.join(self.allowlist)}"
+    allowed = ", ".join(self.allowlist)
+    return False, f"tool {tool!r} is not allowed for this task; allowed: {allowed}"

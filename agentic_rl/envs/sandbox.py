@@ -19,14 +19,14 @@ episode, the host's files and processes are out of reach by permission, and
 even processes that left their process group (a fork bomb cannot outrun it:
 the kernel signals them all under one lock).
 
-Two ways to run code:
-  run_python(args)  one fresh process; its process tree is killed when it returns.
-  request(payload)  the episode's fork server (sandbox_server.py): the stdlib is
-                    imported once, each request runs in a fresh forked child. After
-                    a timeout, too much output, a crash, or any process surviving its
-                    request, the whole sandbox is killed and the next request starts
-                    a new server. Where survivors cannot be detected (fallback
-                    without the uid drop) the server is killed after every request.
+Code runs through `request(payload)`: the episode's fork server
+(sandbox_server.py) imports the stdlib once, and each request runs in a fresh
+forked child. After a timeout or too much output the request's processes are
+killed (in the fallback with a uid drop, all but the server, which then reaps
+them and carries on; elsewhere the whole sandbox, and the next request starts
+a new server). A crash, or any process surviving its request, also ends the
+whole sandbox. Where survivors cannot be detected (fallback without the uid
+drop) the server is killed after every request.
 A wall-clock timeout kills the whole process tree. Output is captured up to a
 bound (head and tail of each stream) and a command writing more than
 `output_kill_bytes` is killed.
@@ -66,7 +66,6 @@ from agentic_rl.envs.workspace import Workspace
 log = logging.getLogger(__name__)
 
 SANDBOX_WORKDIR = "/workspace"  # Where bubblewrap mounts the workspace.
-_DRAIN_AFTER_EXIT_S = 0.05  # Grace for pipe data after the main process exits.
 _SERVER_START_TIMEOUT_S = 30.0  # Start-up is ours (no agent code runs); generous under load.
 _SERVER_RECOVER_TIMEOUT_S = 2.0  # For the server to answer once its request was killed.
 _LEASE_DIR = os.path.join(tempfile.gettempdir(), "agentic_rl_sandbox_uids")
@@ -114,7 +113,8 @@ class _HeadTail:
 
   def text(self) -> str:
     kept = len(self.head) + len(self.tail)
-    mid = b"" if kept >= self.total else f"\n[... {self.total - kept} bytes left out ...]\n".encode()
+    mid = b"" if kept >= self.total else (
+        f"\n[... {self.total - kept} bytes left out ...]\n".encode())
     return (bytes(self.head) + mid + bytes(self.tail)).decode("utf-8", errors="replace")
 
   def strip_suffix(self, n: int) -> None:
@@ -273,6 +273,9 @@ def _probe(config: ml_collections.ConfigDict) -> _Isolation:
         iso = _Isolation(level, py, prefix, net, _drops_uid(), "")
         ok, why = _probe_one(config, iso)
         if ok:
+          if level == "fallback" and s.isolation == "auto":
+            log.warning("sandbox: bubblewrap is not usable here (%s); using the rlimit fallback",
+                        "; ".join(reasons) or "not tried")
           desc = (f"{level} (python {py}; "
                   f"{'per-sandbox uid' if iso.drops_uid else 'host uid, no uid drop'}; "
                   f"{'no network' if net else 'NETWORK NOT ISOLATED: unshare -n failed'})")
@@ -285,16 +288,19 @@ def _probe(config: ml_collections.ConfigDict) -> _Isolation:
 
 
 def _probe_one(config, iso: _Isolation) -> tuple[bool, str]:
-  sb = Sandbox(config, _isolation=iso)
   try:
-    r = sb.run_python(["-c", "print(6 * 7)"], timeout_s=20.0)
+    sb = Sandbox(config, _isolation=iso)
   except (OSError, IsolationUnavailable) as e:
+    return False, str(e)
+  try:
+    r = sb.request({"id": "probe", "kind": "python", "code": "print(6 * 7)"}, timeout_s=20.0)
+  except OSError as e:
     return False, str(e)
   finally:
     sb.close()
   if r.exit_code == 0 and r.stdout.strip() == "42":
     return True, ""
-  return False, f"exit {r.exit_code}: {(r.stderr or r.stdout).strip()[-300:]}"
+  return False, (r.crashed or f"exit {r.exit_code}") + f": {(r.stderr or r.stdout).strip()[-300:]}"
 
 
 def _proc_uid_state(pid: str) -> tuple[int, str] | None:
@@ -429,71 +435,6 @@ class Sandbox:
       bw += ["--setenv", k, v]
     return drop + self._limits() + bw + ["--"] + py
 
-  def run_python(self, python_args: list[str], stdin: bytes = b"",
-                 timeout_s: float | None = None) -> RunResult:
-    """Runs `python <python_args>` in the workspace; never leaves a process behind."""
-    if self._closed:
-      raise RuntimeError("sandbox is closed")
-    timeout = self._cfg.timeout_s if timeout_s is None else timeout_s
-    cmd = self._command(python_args)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        cwd=self.workspace.path, env=self._env(), start_new_session=True, close_fds=True)
-    out, err = _HeadTail(self._cfg.capture_bytes), _HeadTail(self._cfg.capture_bytes)
-    timed_out = output_limited = False
-    try:
-      if stdin:
-        try:
-          proc.stdin.write(stdin)
-        except (BrokenPipeError, OSError):
-          pass
-      try:
-        proc.stdin.close()
-      except OSError:
-        pass
-      timed_out, output_limited = self._pump(proc, out, err, t0 + timeout)
-    finally:
-      self._kill_tree(proc)
-      for f in (proc.stdout, proc.stderr):
-        f.close()
-      proc.wait()
-    duration = time.perf_counter() - t0
-    rc = proc.returncode
-    killed = timed_out or output_limited
-    return RunResult(
-        exit_code=None if killed else rc, stdout=out.text(), stderr=err.text(),
-        stdout_bytes=out.total, stderr_bytes=err.total, timed_out=timed_out,
-        output_limited=output_limited, duration_s=duration,
-        signal=-rc if (rc is not None and rc < 0) else None)
-
-  def _pump(self, proc, out: _HeadTail, err: _HeadTail, deadline: float) -> tuple[bool, bool]:
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ, out)
-    sel.register(proc.stderr, selectors.EVENT_READ, err)
-    exited_at = None
-    try:
-      while sel.get_map():
-        now = time.perf_counter()
-        if now >= deadline:
-          return True, False
-        if exited_at is None and proc.poll() is not None:
-          exited_at = now
-        if exited_at is not None and now - exited_at > _DRAIN_AFTER_EXIT_S:
-          return False, False  # Leftover children hold the pipes; _kill_tree ends them.
-        wait = min(deadline - now, 0.02 if exited_at is None else _DRAIN_AFTER_EXIT_S)
-        for key, _ in sel.select(timeout=max(wait, 0.0)):
-          data = os.read(key.fd, 65536)
-          if not data:
-            sel.unregister(key.fileobj)
-            continue
-          key.data.add(data)
-          if out.total + err.total > self._cfg.output_kill_bytes:
-            return False, True
-      return False, False
-    finally:
-      sel.close()
-
   # ---- the fork server (agentic_rl/envs/sandbox_server.py) ----
 
   @property
@@ -581,7 +522,8 @@ class Sandbox:
         if attempt:
           return RunResult(None, "", "", 0, 0, False, False, time.perf_counter() - t0,
                            crashed="the sandbox did not accept the request")
-    result, keep = self._await_done(payload["id"], t0, t0 + timeout)
+    # The wall clock starts once the server is up: its start-up is ours, not the request's.
+    result, keep = self._await_done(payload["id"], t0, time.perf_counter() + timeout)
     if (result.timed_out or result.output_limited) and self._can_spare_server():
       # Kill the request's processes but not the server; it then reaps them and answers.
       self._kill_uid_except(self._server.pid)
@@ -647,7 +589,7 @@ class Sandbox:
         if output_limited:
           break
       if done is not None:  # The child has exited: what it wrote to stderr is in the pipe.
-        while proc.stderr in [k.fileobj for k in sel.get_map().values()] and sel.select(0):
+        while any(key.fileobj is proc.stderr for key, _ in sel.select(0)):
           data = os.read(proc.stderr.fileno(), 65536)
           if not data:
             break
@@ -663,7 +605,8 @@ class Sandbox:
     return RunResult(
         exit_code=code, stdout=out.text(), stderr=err.text(), stdout_bytes=out.total,
         stderr_bytes=err.total, timed_out=timed_out, output_limited=output_limited,
-        duration_s=time.perf_counter() - t0, signal=-code if code is not None and code < 0 else None,
+        duration_s=time.perf_counter() - t0,
+        signal=-code if code is not None and code < 0 else None,
         crashed=crashed), keep
 
   def _kill_tree(self, proc: subprocess.Popen) -> None:

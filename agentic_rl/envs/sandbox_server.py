@@ -20,13 +20,16 @@ Requests:
       Runs the test module with unittest and prints RESULT_PREFIX + id + JSON:
       per subtest pass, fail (the got/want given to assertEqual) or error
       (exception and the workspace file:line it came from); prints of the code
-      under test are captured. .pyc files in the workspace are never loaded.
+      under test are captured. .pyc files in the workspace are never loaded. A
+      subtest passes only if assertEqual ran on values that are `plain_equal`.
   {"id", "kind": "python", "code"}
       Runs `code` as `python -` would (cwd on sys.path, __name__ == "__main__").
 
 Not a security boundary: code under test runs in the child that reports on
-it. The sandbox contains it; the id only keeps ordinary output from being
-taken for a result.
+it. The sandbox contains it; the id keeps ordinary output from being taken for
+a result, and plain_equal stops the cheap reward hacks (an always-equal
+object, a no-op assertEqual); code that digs the id out of this process's
+memory to forge a report is not stopped.
 """
 
 import contextlib
@@ -44,6 +47,25 @@ import unittest
 READY = "@@agentic_rl_ready"
 DONE_PREFIX = "@@agentic_rl_done "
 RESULT_PREFIX = "@@agentic_rl_result "
+
+
+_PLAIN_SCALARS = (int, bool, float, str, bytes, type(None))
+
+
+def plain_equal(got, want):
+  """Equality of plain data, types included: an object whose __eq__ always says True, a
+  str subclass, or 1 for True does not pass. Expected values are literals, so this is
+  what "equal" means for a test here."""
+  if type(got) is not type(want):
+    return False
+  if type(want) in (list, tuple):
+    return len(got) == len(want) and all(plain_equal(a, b) for a, b in zip(got, want))
+  if type(want) is dict:
+    return (len(got) == len(want) and all(type(k) in _PLAIN_SCALARS for k in got)
+            and all(k in want and plain_equal(got[k], want[k]) for k in got))
+  if type(want) in _PLAIN_SCALARS:
+    return got == want
+  return False
 
 
 def _short_repr(value, limit):
@@ -89,7 +111,14 @@ def run_tests(req, workdir):
     func = name[5:] if name.startswith("test_") else name
     args = ", ".join(_short_repr(v, max_repr) for v in (params or {}).values())
     entry = {"test": name, "call": f"{func}({args})", "status": "pass"}
-    if err is not None:
+    if err is None and params is not None and not (
+        "got" in last_eq and plain_equal(last_eq["got"], last_eq["want"])):
+      # unittest says pass, but no assertEqual of plain equal values ran (assertEqual or
+      # __eq__ tampered with): not a pass.
+      entry.update(status="fail", got=_short_repr(last_eq.get("got", "<no assertEqual>"),
+                                                  max_repr),
+                   want=_short_repr(last_eq.get("want", "<no assertEqual>"), max_repr))
+    elif err is not None:
       if kind == "fail" and "got" in last_eq:
         entry.update(status="fail", got=_short_repr(last_eq["got"], max_repr),
                      want=_short_repr(last_eq["want"], max_repr))
@@ -157,11 +186,12 @@ def run_script(req):
   return 0
 
 
-def _child(req, workdir):
-  try:
-    os.setpgid(0, 0)
-  except OSError:
-    pass
+def _child(req, workdir, own_group):
+  if own_group:  # Else stay in the server's group: the host kills that group after the run.
+    try:
+      os.setpgid(0, 0)
+    except OSError:
+      pass
   null = os.open(os.devnull, os.O_RDONLY)
   os.dup2(null, 0)
   os.close(null)
@@ -264,13 +294,14 @@ def serve():
     req = json.loads(line)
     pid = os.fork()
     if pid == 0:
-      _child(req, workdir)
+      _child(req, workdir, own_group=check)
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
-    try:
-      os.killpg(pid, signal.SIGKILL)
-    except OSError:
-      pass
+    if check:
+      try:
+        os.killpg(pid, signal.SIGKILL)
+      except OSError:
+        pass
     dirty = _dirty(uid, me, ancestors) if check else (_reap() or False)
     t = os.times()
     done = f"\n{DONE_PREFIX}{req['id']} {code} {int(dirty)} {t.user + t.system:.3f}\n"

@@ -16,8 +16,10 @@ over an episode the signals sum to final minus initial fraction. With
 lands on the edit that earned it.
 
 The test file is restored from the task record before every test run and is
-not editable, and the runner is sent from the host (not read from the
-workspace), so editing the tests is not a way to pass them.
+not editable, the runner is sent from the host (not read from the workspace),
+planted .pyc files are ignored, and a case passes only on plain-data equality
+(sandbox_server.plain_equal), so editing the tests, shadowing modules, a
+no-op assertEqual or an always-equal object are not ways to pass them.
 """
 
 from __future__ import annotations
@@ -177,6 +179,7 @@ class SweEnv:
         extra={"tests_passed": self.tests_passed, "tests_total": self.tests_total,
                "end_reason": end_reason})
     info = {"tool": tool, "decision": out.decision, "reason": out.reason,
+            "exit_code": out.exit_code,
             "process_signal": signal, "tests_passed": self.tests_passed,
             "tests_total": self.tests_total, "turn": self.turn, "duration_s": duration,
             "observation_truncated": truncated, "trajectory_id": self.trajectory_id,

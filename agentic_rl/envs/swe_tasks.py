@@ -14,7 +14,6 @@ bug: it must be found with view and test.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import random
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from collections.abc import Callable
 import ml_collections
 
 from agentic_rl.envs import mutations
+from agentic_rl.envs.sandbox_server import plain_equal
 from agentic_rl.envs.config import default_env_config, validate_env_config
 
 # None of these shadows a standard-library module.
@@ -106,7 +106,9 @@ def _t_affine(rng, nm):
 
 def _t_clamp(rng, nm):
   f = nm.pick(("clamp", "bound", "limit", "restrict"))
-  x, lo, hi = nm.pick(("x", "v", "level")), nm.pick(("lo", "low", "floor_")), nm.pick(("hi", "high", "cap"))
+  x = nm.pick(("x", "v", "level"))
+  lo = nm.pick(("lo", "low", "floor_"))
+  hi = nm.pick(("hi", "high", "cap"))
   src = (f"def {f}({x}, {lo}, {hi}):\n    if {x} < {lo}:\n        return {lo}\n"
          f"    if {x} > {hi}:\n        return {hi}\n    return {x}")
 
@@ -119,7 +121,9 @@ def _t_clamp(rng, nm):
 
 def _t_series(rng, nm):
   f = nm.pick(("series", "accumulate", "triangle", "ramp"))
-  n, acc, i = nm.pick(("n", "count", "steps")), nm.pick(("total", "acc", "result")), nm.pick(("i", "k", "j"))
+  n = nm.pick(("n", "count", "steps"))
+  acc = nm.pick(("total", "acc", "result"))
+  i = nm.pick(("i", "k", "j"))
   c = rng.randint(2, 5)
   start = rng.choice((f"range(1, {n} + 1)", f"range({n})"))
   step = rng.choice((f"{i} * {c}", f"{i} + {c}"))
@@ -145,9 +149,12 @@ def _t_count_cmp(rng, nm):
 def _t_extreme(rng, nm):
   big = rng.random() < 0.5
   f = nm.pick(("largest", "biggest", "peak") if big else ("smallest", "lowest", "minimum"))
-  xs, best, x = nm.pick(("xs", "values", "nums")), nm.pick(("best", "top", "m")), nm.pick(("x", "v", "num"))
+  xs = nm.pick(("xs", "values", "nums"))
+  best = nm.pick(("best", "top", "m"))
+  x = nm.pick(("x", "v", "num"))
   op = ">" if big else "<"
-  src = (f"def {f}({xs}):\n    {best} = {xs}[0]\n    for {x} in {xs}:\n        if {x} {op} {best}:\n"
+  src = (f"def {f}({xs}):\n    {best} = {xs}[0]\n    for {x} in {xs}:\n"
+         f"        if {x} {op} {best}:\n"
          f"            {best} = {x}\n    return {best}")
   return _Function(f, (xs,), src, lambda r: (_small_list(r, -9, 9, 6, 1),),
                    (([3, 1, 2],), ([1, 2, 3],), ([5],)))
@@ -188,7 +195,9 @@ def _t_distance(rng, nm):
 
 def _t_in_range(rng, nm):
   f = nm.pick(("in_range", "within", "inside", "is_valid"))
-  x, lo, hi = nm.pick(("x", "v", "n")), nm.pick(("lo", "low", "start")), nm.pick(("hi", "high", "stop"))
+  x = nm.pick(("x", "v", "n"))
+  lo = nm.pick(("lo", "low", "start"))
+  hi = nm.pick(("hi", "high", "stop"))
   src = f"def {f}({x}, {lo}, {hi}):\n    return {lo} <= {x} and {x} < {hi}"
 
   def sample(r):
@@ -200,7 +209,9 @@ def _t_in_range(rng, nm):
 
 def _t_product(rng, nm):
   f = nm.pick(("product", "multiply_all", "prod"))
-  xs, p, v = nm.pick(("xs", "factors", "nums")), nm.pick(("p", "out", "acc")), nm.pick(("v", "x", "f"))
+  xs = nm.pick(("xs", "factors", "nums"))
+  p = nm.pick(("p", "out", "acc"))
+  v = nm.pick(("v", "x", "f"))
   src = f"def {f}({xs}):\n    {p} = 1\n    for {v} in {xs}:\n        {p} *= {v}\n    return {p}"
   return _Function(f, (xs,), src, lambda r: (_small_list(r, 0, 5, 4),), (([],), ([2, 3],)))
 
@@ -261,6 +272,12 @@ def _outcome(fn: Callable, args: tuple):
     return ("ok", fn(*_copy_args(args)))
   except Exception as e:  # A buggy version may raise; that is a failing test.
     return ("raise", type(e).__name__)
+
+
+def _passes_case(fn: Callable, args: tuple, want) -> bool:
+  """The sandbox runner's criterion: no exception and plain_equal to the expected value."""
+  kind, value = _outcome(fn, args)
+  return kind == "ok" and plain_equal(value, want)
 
 
 def _copy_args(args: tuple) -> tuple:
@@ -352,7 +369,7 @@ def _generate_task(seed, tier, split, config) -> SweTask:
           buggy = _compile(buggy_src, f.name)
         except SyntaxError:
           continue
-        catching = [c for c in pool if _outcome(buggy, c[0]) != ("ok", c[1])]
+        catching = [c for c in pool if not _passes_case(buggy, c[0], c[1])]
         if catching:
           chosen = (fam, line, old, new, buggy_src, catching)
           break
@@ -389,7 +406,7 @@ def _generate_task(seed, tier, split, config) -> SweTask:
   passed = 0
   for f in tested:
     impl = _compile(bug_sources.get(f.name, f.source), f.name)
-    passed += sum(_outcome(impl, args) == ("ok", want) for args, want in cases[f.name])
+    passed += sum(_passes_case(impl, args, want) for args, want in cases[f.name])
   mod_path, test_path = f"{module}.py", f"test_{module}.py"
   return SweTask(
       seed=seed, tier=tier, split=split, module_path=mod_path, test_path=test_path,

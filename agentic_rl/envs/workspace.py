@@ -41,11 +41,26 @@ def _workspace_parent(root: str) -> str:
   with _parent_lock:
     if base not in _parents:
       os.makedirs(base, exist_ok=True)
+      _remove_orphaned_parents(base)
       parent = tempfile.mkdtemp(prefix=f"agentic_rl_ws_{os.getpid()}_", dir=base)
       os.chmod(parent, 0o711)
       _parents[base] = parent
       atexit.register(_rmtree, parent)
     return _parents[base]
+
+
+def _remove_orphaned_parents(base: str) -> None:
+  """Workspaces of processes that died without their atexit cleanup (SIGKILL, OOM)."""
+  for name in os.listdir(base):
+    m = re.fullmatch(r"agentic_rl_ws_(\d+)_\w+", name)
+    if not m or int(m.group(1)) == os.getpid():
+      continue
+    try:
+      os.kill(int(m.group(1)), 0)
+    except ProcessLookupError:
+      _rmtree(os.path.join(base, name))
+    except PermissionError:
+      pass  # Alive, and someone else's.
 
 
 def _rmtree(path: str) -> None:
@@ -197,7 +212,8 @@ class Workspace:
     entries = []
     for dirpath, dirnames, filenames in os.walk(self._real, followlinks=False):
       dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-      for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+      linked_dirs = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+      for name in sorted(filenames + linked_dirs):
         full = os.path.join(dirpath, name)
         rel = os.path.relpath(full, self._real)
         st = os.lstat(full)

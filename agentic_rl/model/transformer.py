@@ -69,7 +69,9 @@ class Transformer(nn.Module):
     spec = self.spec
     embed = nn.Embed(spec.vocab_size, spec.d_model, dtype=spec.dtype,
                      param_dtype=spec.param_dtype,
-                     embedding_init=nn.initializers.normal(stddev=1.0), name="embed")
+                     # 1/sqrt(d): tied read-out logits start at unit scale.
+                     embedding_init=nn.initializers.normal(stddev=spec.d_model ** -0.5),
+                     name="embed")
     x_btd = embed(tokens_bt)
     lengths_b = None
     if cache is not None:

@@ -63,7 +63,7 @@ class DeviceSteps:
     self.forward_and_sample = jax.jit(self._forward_and_sample, donate_argnums=(1,))
     self.gather_rows = jax.jit(self._gather_rows)
     self.scatter_rows = jax.jit(self._scatter_rows, donate_argnums=(0,))
-    self.sample_after = jax.jit(self._sample_after)
+    self.fork = jax.jit(self._fork, donate_argnums=(0,))
     self.reset_rows = jax.jit(self._reset_rows, donate_argnums=(0,))
 
   @property
@@ -73,9 +73,12 @@ class DeviceSteps:
   # -- composite steps (host-side sequencing of the jitted pieces) ---------------------------
 
   def decode(self, params, cache, tokens_b, positions_b, seeds_b, forced_b):
-    """Feeds one token per row at `positions_b` (-1: sits out) and draws the next."""
-    return self.forward_and_sample(params, cache, tokens_b[:, None], positions_b[:, None],
-                                   seeds_b, forced_b)
+    """Feeds one token per row at `positions_b` (-1: sits out) and draws the next.
+
+    Host (numpy) inputs are reshaped on the host: no extra device op per step.
+    """
+    return self.forward_and_sample(params, cache, tokens_b.reshape(-1, 1),
+                                   positions_b.reshape(-1, 1), seeds_b, forced_b)
 
   def prefill(self, params, cache, rows_p, tokens_pc, positions_pc, seeds_p, forced_p):
     """Appends one chunk to each of the distinct rows `rows_p`; all -1 rows sit out."""
@@ -86,25 +89,20 @@ class DeviceSteps:
     sub, out = self.forward_and_sample(params, sub, tokens_pc, positions_pc, seeds_p, forced_p)
     return self.scatter_rows(cache, rows_p, sub), out
 
-  def fork(self, cache, store, src_row, dst_row, logits_v, seed, position, forced):
+  # -- jitted bodies ------------------------------------------------------------------------
+
+  def _fork(self, cache, store, src_row, dst_row, logits_v, seed, position, forced):
     """Copies store row `src_row` into cache row `dst_row` and draws that row's first token.
 
     `logits_v` are the prompt's last logits, `position` the prompt's last position.
     The copy replaces the whole row (lengths, rings, full buffers), so the slot
     needs no reset first.
     """
-    row = self.gather_rows(store, jnp.reshape(src_row, (1,)))
-    cache = self.scatter_rows(cache, jnp.reshape(dst_row, (1,)), row)
-    sampled = self.sample_after(logits_v[None], jnp.reshape(position, (1,)),
-                                jnp.reshape(seed, (1,)), jnp.reshape(forced, (1,)))
-    return cache, sampled
-
-  # -- jitted bodies ------------------------------------------------------------------------
-
-  def _sample_after(self, logits_bv, positions_b, seeds_b, forced_b):
-    self.trace_counts["sample_after"] += 1
-    keys_b = sampling.trajectory_keys(seeds_b, positions_b + 1)
-    return sampling.sample(logits_bv, keys_b, self.sampling_params, forced_b)
+    self.trace_counts["fork"] += 1
+    row = cache_lib.gather_sequences(store, src_row[None])
+    cache = cache_lib.scatter_sequences(cache, dst_row[None], row)
+    keys_b = sampling.trajectory_keys(seed[None], position[None] + 1)
+    return cache, sampling.sample(logits_v[None], keys_b, self.sampling_params, forced[None])
 
   def _forward_and_sample(self, params, cache, tokens_bt, positions_bt, seeds_b, forced_b):
     self.trace_counts["forward_and_sample"] += 1

@@ -76,7 +76,17 @@ DEVICE_READY = (SlotState.DECODE, SlotState.PREFILL, SlotState.FLUSH)
 
 @dataclasses.dataclass
 class RolloutStats:
-  """Counters of one engine; `as_dict` derives rates and shares."""
+  """Counters of one engine (all its runs); `as_dict` derives rates and shares.
+
+  Time buckets split the scheduler's wall time: decode_s, prefill_s, env_wait_s
+  (nothing for the device to do until an environment answers) and host_s.
+  slot_utilization = busy slot-seconds / (num_slots x wall), a slot being busy
+  while it holds a trajectory whose next work is on the device (decoding,
+  prefilling or queued for prefill); free slots and slots waiting for their
+  environment are idle. decode_occupancy is stricter: the mean fraction of
+  slots that fed a token in each decode step.
+  """
+  num_slots: int = 1
   wall_s: float = 0.0
   decode_s: float = 0.0
   prefill_s: float = 0.0  # Prompt and observation prefill, and prompt copies into slots.
@@ -86,6 +96,7 @@ class RolloutStats:
   decode_steps: int = 0
   decode_rows: int = 0  # Slot rows that fed a token, summed over decode steps.
   prefill_calls: int = 0
+  prefill_rows_used: int = 0  # Rows holding real tokens, summed over prefill calls.
   prefilled_tokens: int = 0
   prompts_prefilled: int = 0  # One per task group, whatever the group size.
   forks: int = 0  # Prompt copies into slots: one per trajectory.
@@ -104,18 +115,15 @@ class RolloutStats:
 
   def as_dict(self) -> dict:
     d = dataclasses.asdict(self)
-    del d["_num_slots"]
     wall = max(self.wall_s, 1e-9)
     d["tokens_per_s"] = self.generated_tokens / wall
     d["trajectories_per_s"] = self.trajectories / wall
     d["slot_utilization"] = self.busy_slot_s / self.slot_s if self.slot_s else 0.0
     d["steady_slot_utilization"] = (self.steady_busy_slot_s / self.steady_slot_s
                                     if self.steady_slot_s else None)
-    d["decode_occupancy"] = (self.decode_rows / (self.decode_steps * self._num_slots)
+    d["decode_occupancy"] = (self.decode_rows / (self.decode_steps * self.num_slots)
                              if self.decode_steps else 0.0)
     return d
-
-  _num_slots: int = dataclasses.field(default=1, repr=False)
 
 
 @dataclasses.dataclass
@@ -207,7 +215,7 @@ class RolloutEngine:
     self._stop_ids = frozenset(tokenizer.stop_ids)
     self._pool = concurrent.futures.ThreadPoolExecutor(spec.env_threads,
                                                        thread_name_prefix="rollout-env")
-    self.stats = RolloutStats(_num_slots=spec.num_slots)
+    self.stats = RolloutStats(num_slots=spec.num_slots)
     self.stats.allocated_kv_bytes = int(sum(
         x.nbytes for x in jax.tree.leaves((self.cache, self.store))))
 
@@ -302,6 +310,9 @@ class RolloutEngine:
     except StopIteration:
       self._tasks_left = False
       return
+    if seeds is not None and index >= len(seeds):
+      raise ValueError(f"task_seeds has {len(seeds)} entries but there are more tasks; "
+                       "give one seed per task.")
     task_seed = index if seeds is None else int(seeds[index])
     g = self.spec.group_size
     members = [_Member(trajectory_id=index * g + m, member=m,
@@ -507,10 +518,9 @@ class RolloutEngine:
         if o.cache_len + len(chunk) == o.builder.length and o.forced:
           forced[i] = o.forced.popleft()
     params, version = self._current_params()
-    args = (params, self.store if to_store else self.cache, jnp.asarray(rows, jnp.int32),
-            jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(seeds),
-            jnp.asarray(forced))
-    new_cache, out = self.steps.prefill(*args)
+    new_cache, out = self.steps.prefill(params, self.store if to_store else self.cache,
+                                        np.asarray(rows, np.int32), tokens, positions, seeds,
+                                        forced)
     if to_store:
       self.store = new_cache
     else:
@@ -518,6 +528,7 @@ class RolloutEngine:
     host = jax.device_get((out.sampled, out.replay))
     sampled, replay = host
     self.stats.prefill_calls += 1
+    self.stats.prefill_rows_used += len(owners)
     self.stats.prefilled_tokens += sum(counts)
     for i, (o, n) in enumerate(zip(owners, counts)):
       o.builder.add_replay(replay, i, n)
@@ -553,9 +564,7 @@ class RolloutEngine:
       if a.state is SlotState.DECODE and a.forced:
         forced[a.slot] = a.forced.popleft()
     params, version = self._current_params()
-    self.cache, out = self.steps.decode(params, self.cache, jnp.asarray(tokens),
-                                        jnp.asarray(positions), jnp.asarray(seeds),
-                                        jnp.asarray(forced))
+    self.cache, out = self.steps.decode(params, self.cache, tokens, positions, seeds, forced)
     sampled, replay = jax.device_get((out.sampled, out.replay))
     self.stats.decode_steps += 1
     self.stats.decode_rows += len(rows)

@@ -211,3 +211,27 @@ def test_close_kills_and_cleans_and_reset_starts_fresh():
   assert not os.path.exists(ws)
   if uid is not None:
     assert live_pids_of_uid(uid) == []
+
+
+@pytest.mark.parametrize("hack", ["noop_assert", "always_equal"])
+def test_reward_hacks_in_the_module_do_not_pass(tmp_path, hack):
+  task = generate_task(12, "medium")
+  names = task.functions + task.distractors
+  if hack == "noop_assert":
+    module = ("import unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\n"
+              + task.files[task.module_path])
+  else:
+    module = ("class AlwaysEqual:\n    def __eq__(self, other):\n        return True\n"
+              + "".join(f"def {n}(*a):\n    return AlwaysEqual()\n" for n in names))
+  # Reference: Python's own unittest is fooled by this module ...
+  for rel, text in dict(task.files, **{task.module_path: module}).items():
+    (tmp_path / rel).write_text(text)
+  ref = subprocess.run(["/usr/bin/python3", "-B", "-m", "unittest", task.test_path[:-3]],
+                       cwd=tmp_path, capture_output=True, text=True)
+  assert ref.returncode == 0 and "OK" in ref.stderr, ref.stderr
+  # ... the env's runner is not.
+  with SweEnv(env_config()) as env:
+    env.reset(task)
+    env.step(F("python", code=f"open({task.module_path!r}, 'w').write({module!r})"))
+    r = env.step(F("submit"))
+  assert r.reward == 0.0, r.observation

@@ -31,6 +31,10 @@ class Harness:
     self.task = generate_task(11, "medium")  # python is on the medium allowlist
     self.env.reset(self.task)
     assert self.env._sandbox.isolation == isolation
+    # Start the fork server outside the timed calls (not a tool call: not audited), so the
+    # time bounds below measure the limits, not start-up on a busy host.
+    warm = self.env._sandbox.request({"id": "warm", "kind": "python", "code": "pass"})
+    assert warm.exit_code == 0, warm
     self.steps = 0
 
   def step(self, action):
@@ -137,7 +141,7 @@ def test_fork_bomb_is_contained(h):
                "        pass\n")
   elapsed = time.monotonic() - t0
   assert r.info["decision"] == "timeout" and "timeout" in r.observation, r.observation
-  assert elapsed < TIMEOUT_S + 3.0
+  assert elapsed < TIMEOUT_S + 4.0
   if uid is not None:
     deadline = time.monotonic() + 2.0
     while time.monotonic() < deadline:  # Only the idle server may remain.
@@ -166,7 +170,7 @@ def test_infinite_loops_time_out(h):
   t0 = time.monotonic()
   r = h.python("while True:\n    pass")
   assert r.info["decision"] == "timeout", r.observation
-  assert time.monotonic() - t0 < TIMEOUT_S + 2.0
+  assert time.monotonic() - t0 < TIMEOUT_S + 4.0
   # The same through the test runner: a loop injected into the module.
   fn_line = next(i for i, l in enumerate(h.task.files[h.task.module_path].split("\n"), 1)
                  if l.startswith("def "))
@@ -182,11 +186,14 @@ def test_infinite_loops_time_out(h):
 
 
 def test_memory_bomb_fails_inside_the_limit(h):
-  for code in ("x = bytearray(64 * 1024 ** 3)", "l = []\nwhile True:\n    l.append(' ' * 10 ** 7)"):
+  # One huge allocation, then growth (bytearray pages are mapped lazily, so the address-space
+  # limit, not the machine's load, decides how fast it fails).
+  for code in ("x = bytearray(64 * 1024 ** 3)",
+               "l = []\nwhile True:\n    l.append(bytearray(50 * 1024 ** 2))"):
     t0 = time.monotonic()
     r = h.python(code)
     assert "MemoryError" in r.observation, r.observation
-    assert r.info["decision"] == "allowed" and time.monotonic() - t0 < TIMEOUT_S + 2.0
+    assert r.info["decision"] == "allowed" and time.monotonic() - t0 < TIMEOUT_S + 4.0
   h.healthy()
   h.finish()
 
@@ -197,7 +204,7 @@ def test_huge_output_is_bounded(h):
     r = h.python(code)
     assert len(r.observation) <= h.env.config.max_observation_chars
     assert r.info["decision"] == "error" and "killed: wrote over" in r.observation
-    assert time.monotonic() - t0 < TIMEOUT_S + 2.0
+    assert time.monotonic() - t0 < TIMEOUT_S + 4.0
   entries = _entries(h.audit.path)
   assert all(e["output_bytes"] > h.env.config.sandbox.output_kill_bytes for e in entries)
   h.healthy()
@@ -256,3 +263,20 @@ def test_signals_to_the_parent_do_not_reach_the_host(h, isolation):
   h.healthy()
   v = h.finish()
   assert v.lines == 4
+
+
+def test_file_size_and_cpu_limits_hold(isolation, tmp_path):
+  # A long wall clock: RLIMIT_CPU, not the timeout, must end the loop below.
+  h = Harness(isolation, tmp_path, sandbox__cpu_s=1, sandbox__file_size_mb=1,
+              sandbox__timeout_s=60.0)
+  r = h.python("f = open('big.bin', 'wb')\ntry:\n    f.write(b'x' * (4 << 20))\n    f.flush()\n"
+               "except OSError as e:\n    print('refused', e.errno)\nimport os\n"
+               "print('size', os.path.getsize('big.bin'))")
+  assert "refused 27" in r.observation and "size 1048576" in r.observation, r.observation  # EFBIG
+  t0 = time.monotonic()
+  r = h.python("while True:\n    pass")
+  assert r.info["decision"] == "allowed" and "exit code -" in r.observation, r.observation
+  assert r.info["exit_code"] in (-signal.SIGXCPU, -signal.SIGKILL)
+  assert time.monotonic() - t0 < 59.0
+  h.healthy()
+  h.finish()

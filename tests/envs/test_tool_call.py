@@ -101,7 +101,8 @@ def test_format_rejects_what_it_cannot_render(name, args, fragment):
 _PATHS = st.text(alphabet=string.ascii_letters + string.digits + "_./-~:@", min_size=1,
                  max_size=120)
 _INTS = st.integers(min_value=0, max_value=9_999_999)
-_BODIES = st.text(max_size=400).filter(lambda b: TOOL_CALL_OPEN not in b and TOOL_CALL_CLOSE not in b)
+_BODIES = st.text(max_size=400).filter(
+    lambda b: TOOL_CALL_OPEN not in b and TOOL_CALL_CLOSE not in b)
 
 
 @st.composite

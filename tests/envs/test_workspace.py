@@ -85,3 +85,20 @@ def test_list_files_and_cleanup(ws):
   ws.close()
   assert not os.path.exists(path)
   assert os.path.exists("/etc/passwd")  # The link was removed, not followed.
+
+
+def test_orphaned_workspaces_of_dead_processes_are_removed(tmp_path):
+  import subprocess
+  import sys
+  root = tmp_path / "wsroot"
+  code = ("import os, sys; sys.path.insert(0, %r)\n"
+          "from agentic_rl.envs.workspace import Workspace\n"
+          "w = Workspace(%r); print(os.path.dirname(w.path), flush=True); os._exit(0)"
+          % (os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+             str(root)))
+  parent = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip()
+  assert os.path.isdir(parent)  # os._exit skipped the atexit cleanup.
+  w = Workspace(str(root))  # The next process to use the root removes it.
+  assert not os.path.exists(parent) and os.path.isdir(w.path)
+  w.close()

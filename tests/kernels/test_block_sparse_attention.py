@@ -49,9 +49,8 @@ def random_blocks(seed, allow_future):
         own = Q_POS[b, t] // BLOCK
         pool = np.arange(S // BLOCK if allow_future else own + 1)
         others = rng.permutation(pool[pool != own])[:rng.integers(0, N_SEL)]
-        row = np.concatenate([[own], others])
-        blocks[b, kv, t, :row.size] = rng.permutation(row)  # -1 slots trail or not
-        blocks[b, kv, t] = rng.permutation(blocks[b, kv, t])
+        blocks[b, kv, t, :others.size + 1] = np.concatenate([[own], others])
+        blocks[b, kv, t] = rng.permutation(blocks[b, kv, t])  # -1 slots anywhere
   return jnp.asarray(blocks)
 
 

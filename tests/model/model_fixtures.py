@@ -70,7 +70,7 @@ def draw_like(shapes, seed: int):
 
 def draw_params(model, seed: int):
   """Params for a `Model`, drawn in numpy (no init compiled)."""
-  return draw_like(jax.eval_shape(model.init, jax.random.key(0)), seed)
+  return draw_like(model.param_shapes(), seed)
 
 
 def padded_positions(lengths, total: int) -> np.ndarray:

@@ -23,7 +23,7 @@ STEP_CHANGES = {"replay.sampling_mask": False, "optim.learning_rate": 1e-2,
 def _on_policy_batch(model, params, spec, rewards, seed=0):
   """A batch whose sampler log-probs come from the learner's own forward with replay."""
   tokens, positions, mask = tiny_model.random_sequences(model.spec.vocab_size, B, T, PROMPT, seed)
-  _, _, aux = jax.jit(model.forward)(params, jnp.asarray(tokens), jnp.asarray(positions))
+  _, _, aux = tiny_model.forward_fn(model)(params, jnp.asarray(tokens), jnp.asarray(positions))
   batch = batch_lib.make_batch(tokens, positions, mask, np.zeros((B, T)), rewards,
                                np.arange(B) // 4, replay=transformer.replay_from_aux(aux))
   out = jax.jit(functools.partial(learner.policy_outputs, model, spec=spec))(params, batch)
@@ -32,21 +32,31 @@ def _on_policy_batch(model, params, spec, rewards, seed=0):
 
 @pytest.fixture(scope="module")
 def setup():
-  model, params = tiny_model.make_model(**{"moe.aux_loss_coef": 0.0})
-  spec1 = tiny_model.rl_spec(**STEP_CHANGES)
-  spec2 = tiny_model.rl_spec(**STEP_CHANGES, **{"optim.num_micro_batches": 2})
+  # Two compiled steps (M = 1, 2) serve every test here: compiles dominate on CPU.
+  # The MoE aux loss is off: it is not additive over micro-batches (f_e P_e per batch).
+  model, params = tiny_model.make_model(**{"moe.aux_loss_coef": 0.0,
+                                           "moe.use_routing_bias": True,
+                                           "moe.routing_bias_rate": 0.01})
+  changes = dict(STEP_CHANGES, **{"loss.kl_coef": 0.1, "loss.entropy_coef": 0.01})
+  spec1 = tiny_model.rl_spec(**changes)
+  spec2 = tiny_model.rl_spec(**changes, **{"optim.num_micro_batches": 2})
   rewards = np.array([1, 0, 0, 1, 0.2, 0.9, 0.5, 0.4], np.float32)
   batch = _on_policy_batch(model, params, spec1, rewards)
   return dict(model=model, params=params, spec1=spec1, spec2=spec2, batch=batch,
               step1=ts.make_train_step(model, spec1), step2=ts.make_train_step(model, spec2))
 
 
+def _init(s, spec):
+  return ts.init_train_state(s["model"], s["params"], spec, ref_params=s["params"])
+
+
 def test_micro_batches_give_the_full_batch_update(setup):
   s = setup
-  state = ts.init_train_state(s["model"], s["params"], s["spec1"])
+  state = _init(s, s["spec1"])
   new1, m1 = s["step1"](state, s["batch"])
   new2, m2 = s["step2"](state, s["batch"])
-  for k in ("loss", "pg_loss", "entropy", "grad_norm", "mismatch/k3", "advantage_mean"):
+  for k in ("loss", "pg_loss", "entropy", "kl_to_ref", "grad_norm", "mismatch/k3",
+            "advantage_mean"):
     np.testing.assert_allclose(float(m2[k]), float(m1[k]), rtol=1e-5, atol=1e-7, err_msg=k)
   # optim.eps = 1 makes Adam's first step ~ lr * g (linear in the gradient), so the
   # parameter updates expose any accumulation error.
@@ -60,7 +70,7 @@ def test_micro_batches_give_the_full_batch_update(setup):
 
 def test_on_policy_metrics_and_loss_value(setup):
   s = setup
-  state = ts.init_train_state(s["model"], s["params"], s["spec1"])
+  state = _init(s, s["spec1"])
   _, m = s["step1"](state, s["batch"])
   # Sampler = learner (same forward, replay): no mismatch, full agreement, ratio 1.
   for k in ("mismatch/k1", "mismatch/k3", "mismatch/abs_logp_diff_mean",
@@ -78,12 +88,14 @@ def test_on_policy_metrics_and_loss_value(setup):
   r = np.asarray(s["batch"].rewards_b, np.float64).reshape(2, 4)
   a = (r - r.mean(1, keepdims=True)) / (r.std(1, ddof=1, keepdims=True) + 1e-6)
   assert float(m["pg_loss"]) == pytest.approx(-a.mean(), abs=1e-6)
-  assert float(m["loss"]) == pytest.approx(float(m["pg_loss"]), abs=1e-6)  # no other terms
+  assert float(m["kl_to_ref"]) == pytest.approx(0.0, abs=1e-7)  # policy = reference
+  assert float(m["loss"]) == pytest.approx(float(m["pg_loss"]) - 0.01 * float(m["entropy"]),
+                                           abs=1e-6)
 
 
 def test_non_finite_guard_skips_and_counts(setup):
   s = setup
-  state = ts.init_train_state(s["model"], s["params"], s["spec2"])
+  state = _init(s, s["spec2"])
   bad = s["batch"].replace(rewards_b=s["batch"].rewards_b.at[0].set(jnp.nan))
   new, m = s["step2"](state, bad)
   assert float(m["update_applied"]) == 0.0
@@ -102,13 +114,12 @@ def test_non_finite_guard_skips_and_counts(setup):
 def test_replay_flags_need_a_record(setup):
   s = setup
   with pytest.raises(ValueError, match="config.rl.replay.routing=True"):
-    s["step1"](ts.init_train_state(s["model"], s["params"], s["spec1"]),
-               s["batch"].replace(replay=None))
+    s["step1"](_init(s, s["spec1"]), s["batch"].replace(replay=None))
 
 
 def test_batch_must_split_into_micro_batches(setup):
   s = setup
-  state = ts.init_train_state(s["model"], s["params"], s["spec2"])
+  state = _init(s, s["spec2"])
   small = jax.tree.map(lambda x: x[:3], s["batch"])
   with pytest.raises(ValueError, match="num_micro_batches=2"):
     s["step2"](state, small)
@@ -130,24 +141,18 @@ def test_learning_rate_schedule_matches_formula(warmup, decay, end):
 
 
 def test_weight_decay_spares_vectors():
-  _, params = tiny_model.make_model(**{"moe.use_routing_bias": True})
-  mask = ts.weight_decay_mask(params)
+  model, _ = tiny_model.make_model(init=False, **{"moe.use_routing_bias": True})
+  mask = ts.weight_decay_mask(model.param_shapes())
   assert not mask["layer_0"]["moe"]["routing_bias_e"]
   assert not mask["layer_0"]["attn_norm"]["scale"]
   assert mask["layer_0"]["moe"]["w_router_de"]
 
 
-def test_routing_bias_update_and_kl_to_reference():
-  model, params = tiny_model.make_model(**{"moe.use_routing_bias": True,
-                                           "moe.aux_loss_coef": 0.0,
-                                           "moe.routing_bias_rate": 0.01})
-  spec = tiny_model.rl_spec(**STEP_CHANGES, **{"loss.kl_coef": 0.1, "loss.entropy_coef": 0.01})
-  rewards = np.array([1, 0, 0, 1, 0.2, 0.9, 0.5, 0.4], np.float32)
-  batch = _on_policy_batch(model, params, spec, rewards)
-  state = ts.init_train_state(model, params, spec, ref_params=params)
-  step = ts.make_train_step(model, spec)
-  new, m = step(state, batch)
-  assert float(m["kl_to_ref"]) == pytest.approx(0.0, abs=1e-7)  # policy = reference
+@pytest.mark.parametrize("which", ["step1", "step2"])
+def test_routing_bias_update_and_kl_to_reference(setup, which):
+  s = setup
+  step, params, batch = s[which], s["params"], s["batch"]
+  new, m = step(_init(s, s["spec1" if which == "step1" else "spec2"]), batch)
   assert float(m["update_applied"]) == 1.0
   # Expected bias step from the recorded (replayed) experts: fraction of assignments.
   experts = np.asarray(batch.replay[0]["experts"]).reshape(-1)

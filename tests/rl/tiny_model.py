@@ -39,10 +39,12 @@ def model_config(**changes):
   return c
 
 
-def make_model(seed=0, **changes):
+@functools.lru_cache(maxsize=None)
+def make_model(seed=0, init=True, **changes):
+  """(model, params); cached, so test modules share one model (and its compiled functions)."""
   spec = model_config_lib.validate(model_config(**changes))
   model = transformer.Model(spec)
-  return model, model.init(jax.random.key(seed))
+  return model, (model.init(jax.random.key(seed)) if init else None)
 
 
 def rl_spec(**changes):
@@ -64,7 +66,8 @@ def random_sequences(vocab, b=4, t=40, prompt=12, seed=0):
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted_forward(model):
+def forward_fn(model):
+  """jax.jit(model.forward), one per model."""
   return jax.jit(model.forward)
 
 
@@ -73,7 +76,7 @@ def cache_path_sampler(model, params, tokens, prompt_len):
   (teacher-forced on `tokens`). Returns target-aligned log-probs [B, T] of tokens
   prompt_len.. and the replay record (experts, blocks) of every position."""
   b, t = tokens.shape
-  fwd = _jitted_forward(model)
+  fwd = forward_fn(model)
   cache = model.init_cache(b)
   pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   toks = jnp.asarray(tokens)

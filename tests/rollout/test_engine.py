@@ -107,11 +107,10 @@ def test_same_seeds_give_the_same_tokens_whatever_slot_and_batch(
   assert len({t.tokens.tobytes() for t in alone.values()}) == len(alone)
 
 
-@pytest.mark.slow
 def test_same_seeds_give_the_same_tokens_with_another_slot_count_and_prefill_rows(
     tiny_model, tokenizer, sampled_steps):
   # Two slots and two rows per prefill call: other decode and prefill batch shapes
-  # (two more compilations, ~20 s on a 2-core CPU).
+  # (two more compilations, ~10 s on a 2-core CPU).
   seeds = [101, 202, 303]
   three = make_engine(tiny_model, tokenizer, sampled_steps, CountdownEnv)
   reference = {t.seed: t for t in three.run(TASKS[:3], task_seeds=seeds)}
@@ -120,7 +119,7 @@ def test_same_seeds_give_the_same_tokens_with_another_slot_count_and_prefill_row
                     prefill_rows=2, prompt_store_rows=2)
   other = {t.seed: t for t in two.run(TASKS[:3][::-1], task_seeds=seeds[::-1])}
   two.close()
-  assert two.stats.prefill_calls < two.stats.prefilled_tokens / 32  # Rows were batched.
+  assert two.stats.prefill_rows_used > two.stats.prefill_calls  # Some calls had two rows.
   for seed, t in reference.items():
     np.testing.assert_array_equal(t.tokens, other[seed].tokens)
     np.testing.assert_allclose(t.sampler_logp, other[seed].sampler_logp, atol=1e-5)
@@ -252,3 +251,16 @@ def test_teacher_forcing_submits_with_full_reward_and_process_signals(
   text = tokenizer.decode(t.tokens[t.turn_spans[0][0]:t.turn_spans[0][1]])
   assert text == "ok <tool_call>say 2</tool_call><|end_turn|>"
   np.testing.assert_array_equal(t.process_reward()[[e - 1 for _, e in t.turn_spans]], 1.0)
+
+
+def test_stopping_early_closes_every_environment(tiny_model, tokenizer, sampled_steps):
+  factory = RecordingFactory()
+  engine = make_engine(tiny_model, tokenizer, sampled_steps, factory)
+  stream = engine.generate(TASKS * 2)
+  first = next(stream)
+  with pytest.raises(RuntimeError, match="already generating"):
+    next(engine.generate(TASKS))
+  stream.close()
+  engine.close()  # Waits for the pool, where the closes run.
+  assert first.end_reason and len(factory.envs) > 1
+  assert all(env.closed for env in factory.envs)

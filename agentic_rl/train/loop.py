@@ -1,0 +1,467 @@
+"""The main job: SFT warm start on the scripted expert, then agentic RL.
+
+    tasks (grain, train split) -> rollout engine (sandboxed SWE envs) -> learner
+    -> held-out evaluation -> logs -> orbax checkpoint
+
+One `Trainer(config, workdir).run()` call. Restarting with the same workdir
+resumes from the latest checkpoint; SIGTERM saves one and returns. Every
+random choice derives from (config.seed, step), so a resumed run repeats an
+uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import grain
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from agentic_rl.envs import config as env_config_lib
+from agentic_rl.envs.audit import AuditLog
+from agentic_rl.envs.datasets import SweTaskSource
+from agentic_rl.envs.swe_env import SweEnv
+from agentic_rl.model import config as model_config_lib
+from agentic_rl.model import transformer
+from agentic_rl.rl import config as rl_config_lib
+from agentic_rl.rl import dynamic_sampling
+from agentic_rl.rl import task_selection
+from agentic_rl.rl import train_step as train_step_lib
+from agentic_rl.rollout import config as rollout_config_lib
+from agentic_rl.rollout import engine as engine_lib
+from agentic_rl.rollout import tokenizer as tokenizer_lib
+from agentic_rl.rollout.trajectory import to_batch
+from agentic_rl.train import config as train_config_lib
+from agentic_rl.train import distributed
+from agentic_rl.train import sft as sft_lib
+from agentic_rl.train.checkpointing import Checkpointer
+from agentic_rl.train.metrics_logger import MetricsLogger
+
+SOLVED_REWARD = 1.0 - 1e-9  # Solved = every test passes at submit.
+
+
+@dataclasses.dataclass
+class _Route:
+  """What depends on the active route's config: rebuilt when the stage switches."""
+  name: str
+  config: ml_collections.ConfigDict
+  model: transformer.Model
+  rl_spec: Any
+  rollout_spec: Any
+  eval_spec: Any
+  train_step: Any
+  engine: engine_lib.RolloutEngine
+  eval_engine: engine_lib.RolloutEngine
+
+
+class _CandidatePool:
+  """Task selection over the grain stream: candidates ranked by pass-rate priority.
+
+  Implements the selector interface `DynamicSampler` needs (spec, sample, record).
+  Outcomes are buffered and applied to the tracker after all processes have
+  shared theirs, so every process holds the same statistics.
+  """
+
+  def __init__(self, spec, tracker, iterator, rng, shard: tuple[int, int]):
+    self.spec, self.tracker, self._iterator, self._rng = spec, tracker, iterator, rng
+    self._pool: list[int] = []
+    self._shard = shard
+    self.outcomes: list[tuple[int, float]] = []
+
+  def refill(self, n: int):
+    self._pool.extend(int(next(self._iterator)) for _ in range(n))
+
+  def sample(self, n: int) -> list[int]:
+    index, count = self._shard
+    mine = [t for i, t in enumerate(self._pool) if i % count == index]
+    while len(mine) < n:
+      self.refill(count * (n - len(mine)))
+      mine = [t for i, t in enumerate(self._pool) if i % count == index]
+    w = task_selection.task_weights(self.tracker.pass_rates(mine), self.spec.priority,
+                                    band_low=self.spec.band_low, band_high=self.spec.band_high,
+                                    floor=self.spec.priority_floor)
+    picks = self._rng.choice(len(mine), size=n, replace=False, p=w / w.sum())
+    chosen = [mine[i] for i in picks]
+    for t in chosen:
+      self._pool.remove(t)
+    return chosen
+
+  def record(self, task_ids, rewards):
+    self.outcomes.extend(zip((int(t) for t in task_ids), (float(r) for r in rewards)))
+
+
+class Trainer:
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    self.base_config = config
+    self.workdir = os.path.abspath(workdir)
+    tc = train_config_lib.validate_train_config(config.train)
+    self.info = distributed.initialize(tc.coordinator_address, tc.num_processes, tc.process_id)
+    self.mesh = distributed.data_mesh()
+    self.tokenizer = tokenizer_lib.make_tokenizer(config.tokenizer)
+    self.env_config = env_config_lib.validate_env_config(config.env)
+    self.train_source = SweTaskSource("train", config=self.env_config)
+    self.heldout_source = SweTaskSource("heldout", config=self.env_config)
+    os.makedirs(self.workdir, exist_ok=True)
+    self.audit = AuditLog(os.path.join(
+        self.workdir, f"audit.{self.info.process_index}.jsonl"))
+    self.logger: MetricsLogger | None = None
+    self._stop = threading.Event()
+    self._route: _Route | None = None
+
+  # -- setup ----------------------------------------------------------------------------
+
+  def _env_factory(self):
+    return SweEnv(self.env_config, audit_log=self.audit)
+
+  def _build_route(self, name: str, config: ml_collections.ConfigDict) -> _Route:
+    if self._route is not None:
+      self._route.engine.close()
+      self._route.eval_engine.close()
+    spec = model_config_lib.validate(config.model)
+    model = transformer.Model(spec)
+    rl_spec = rl_config_lib.validate(config.rl, config.model)
+    rollout_spec = rollout_config_lib.validate(config.rollout, spec)
+    eval_cfg = ml_collections.ConfigDict(config.rollout.to_dict())
+    eval_cfg.temperature, eval_cfg.top_k, eval_cfg.top_p, eval_cfg.group_size = 0.0, 0, 1.0, 1
+    eval_spec = rollout_config_lib.validate(eval_cfg, spec)
+    # Weights arrive through set_params before every use.
+    engine = engine_lib.RolloutEngine(model, None, rollout_spec, self.tokenizer,
+                                      self._env_factory)
+    eval_engine = engine_lib.RolloutEngine(model, None, eval_spec, self.tokenizer,
+                                           self._env_factory)
+    step = train_step_lib.make_train_step(model, rl_spec)
+    return _Route(name, config, model, rl_spec, rollout_spec, eval_spec, step, engine,
+                  eval_engine)
+
+  def _route_for_step(self, rl_step: int) -> tuple[str, ml_collections.ConfigDict]:
+    switch = self.base_config.train.switch_to_route_a_at
+    if switch >= 0 and rl_step >= switch:
+      return "A", train_config_lib.apply_overrides(self.base_config,
+                                                   self.base_config.route_a)
+    return "base", self.base_config
+
+  def _ensure_route(self, rl_step: int):
+    name, config = self._route_for_step(rl_step)
+    if self._route is None or self._route.name != name:
+      self._route = self._build_route(name, config)
+    return self._route
+
+  def _task_iterator(self):
+    ds = grain.MapDataset.range(len(self.train_source)).shuffle(
+        seed=self.base_config.seed).repeat()
+    return iter(ds.to_iter_dataset())
+
+  def _local(self, tree):
+    """This process's copy of a replicated tree (what the rollout engine uses)."""
+    if self.info.process_count == 1:
+      return tree
+    return jax.tree.map(lambda x: x.addressable_data(0), tree)
+
+  # -- evaluation ----------------------------------------------------------------------
+
+  def evaluate(self, params, num_tasks: int) -> dict:
+    route = self._route
+    indices = [i for i in distributed.shard_indices(num_tasks, self.info)]
+    tasks = [self.heldout_source[i] for i in indices]
+    route.eval_engine.set_params(self._local(params), 0)
+    trajs = route.eval_engine.run(tasks, task_seeds=indices)
+    local = np.asarray([[t.reward for t in trajs]], np.float32).reshape(-1)
+    rewards = self._gather(local)
+    return {"heldout/solve_rate": float(np.mean(rewards >= SOLVED_REWARD)),
+            "heldout/mean_reward": float(np.mean(rewards)),
+            "heldout/num_tasks": int(rewards.size)}
+
+  def _gather(self, x: np.ndarray) -> np.ndarray:
+    if self.info.process_count == 1:
+      return x
+    return np.asarray(multihost_utils.process_allgather(x)).reshape(-1)
+
+  # -- the run -------------------------------------------------------------------------
+
+  def _init_state(self, route: _Route):
+    params = route.model.init(jax.random.key(self.base_config.seed))
+    state = train_step_lib.init_train_state(route.model, params, route.rl_spec)
+    rng = jax.random.key_data(jax.random.key(self.base_config.seed + 1))
+    return {"train": state, "rng": rng}
+
+  def _sft_optimizer(self, route: _Route):
+    sft_spec = route.rl_spec.replace(learning_rate=self.base_config.train.sft_learning_rate)
+    return train_step_lib.make_optimizer(sft_spec)
+
+  def run(self) -> dict:
+    start_wall = time.time()
+    cfg, tc = self.base_config, self.base_config.train
+    num_rl_steps = int(cfg.rl.num_steps)
+    route = self._ensure_route(0)
+    holder = self._init_state(route)
+    iterator = self._task_iterator()
+    ckpt = Checkpointer(os.path.join(self.workdir, "checkpoints"),
+                        max_to_keep=tc.keep_checkpoints)
+    extras = {"phase": "sft" if tc.sft_steps else "rl", "sft_step": 0, "rl_step": 0,
+              "tracker": {"outcomes": {}}, "wall_seconds": 0.0}
+    restored = ckpt.restore(holder, iterator)
+    if restored is not None:
+      _, holder, extras = restored
+      print(f"resumed from {ckpt.directory} at {extras['phase']} step "
+            f"{extras['sft_step'] if extras['phase'] == 'sft' else extras['rl_step']}",
+            flush=True)
+    global_step = extras["sft_step"] + extras["rl_step"]
+    self.logger = MetricsLogger(self.workdir, resume_step=global_step,
+                                enabled=self.info.is_primary)
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
+    try:
+      holder, extras = self._run_sft(route, holder, extras, iterator, ckpt)
+      if not self._stop.is_set():
+        holder, extras = self._run_rl(holder, extras, iterator, ckpt, num_rl_steps)
+    finally:
+      signal.signal(signal.SIGTERM, previous_handler)
+    if self._stop.is_set():
+      ckpt.close()
+      print("SIGTERM: checkpoint saved, exiting.", flush=True)
+      self._close()
+      return {"interrupted": True, **{k: extras[k] for k in ("phase", "sft_step", "rl_step")}}
+    ckpt.close()
+    summary = self._summary(extras, start_wall)
+    if self.info.is_primary:
+      with open(os.path.join(self.workdir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+      print(format_summary(summary), flush=True)
+    self._close()
+    return summary
+
+  def _close(self):
+    self.logger.close()
+    self._route.engine.close()
+    self._route.eval_engine.close()
+    self.audit.close()
+
+  def _save(self, ckpt, holder, iterator, extras, *, force=False):
+    global_step = extras["sft_step"] + extras["rl_step"]
+    ckpt.save(global_step, holder, iterator, extras, force=force)
+
+  # -- SFT -----------------------------------------------------------------------------
+
+  def _run_sft(self, route, holder, extras, iterator, ckpt):
+    tc = self.base_config.train
+    if extras["phase"] != "sft":
+      return holder, extras
+    optimizer = self._sft_optimizer(route)
+    state = holder["train"]
+    if extras["sft_step"] == 0:
+      state = state.replace(opt_state=optimizer.init(state.params))
+    demo_idx = list(distributed.shard_indices(tc.sft_demos, self.info))
+    tasks = [self.train_source[i] for i in demo_idx]
+    t0 = time.time()
+    demos = sft_lib.record_demonstrations(route.model, self._local(state.params),
+                                          route.rollout_spec, self.tokenizer,
+                                          self._env_factory, tasks, steps=route.engine.steps)
+    length = route.rollout_spec.max_len
+    arrays = sft_lib.demonstration_arrays(demos, length)
+    print(f"SFT: {len(demos)} expert demonstrations recorded in {time.time() - t0:.1f}s "
+          f"(mean {np.mean([d.length for d in demos]):.0f} tokens)", flush=True)
+    step_fn = sft_lib.make_sft_step(route.model, optimizer)
+    local_batch = tc.sft_batch_size // self.info.process_count
+    while extras["sft_step"] < tc.sft_steps and not self._stop.is_set():
+      s = extras["sft_step"]
+      rng = np.random.default_rng([self.base_config.seed, 7, s])
+      rows = rng.choice(len(demos), size=local_batch, replace=len(demos) < local_batch)
+      batch = distributed.global_batch(self.mesh, {k: v[rows] for k, v in arrays.items()}) \
+          if self.info.process_count > 1 else {k: jnp.asarray(v[rows]) for k, v in arrays.items()}
+      t1 = time.time()
+      state, metrics = step_fn(state, batch)
+      metrics = jax.device_get(metrics)
+      extras["sft_step"] = s + 1
+      self.logger.scalars(extras["sft_step"], metrics)
+      if self.info.is_primary:
+        print(f"sft {s + 1}/{tc.sft_steps} | loss {metrics['sft/loss']:.3f} | "
+              f"acc {metrics['sft/token_accuracy']:.3f} | {time.time() - t1:.2f}s", flush=True)
+      holder = {**holder, "train": state}
+      if extras["sft_step"] % tc.checkpoint_every == 0:
+        self._save(ckpt, holder, iterator, extras)
+    if self._stop.is_set():
+      self._save(ckpt, holder, iterator, extras, force=True)
+      return holder, extras
+    # Hand over to RL: a fresh optimiser state, the SFT checkpoint's held-out score.
+    state = state.replace(opt_state=train_step_lib.make_optimizer(route.rl_spec).init(
+        state.params), step=jnp.zeros((), jnp.int32), skipped_steps=jnp.zeros((), jnp.int32))
+    holder = {**holder, "train": state}
+    extras["phase"] = "rl"
+    self._save(ckpt, holder, iterator, extras, force=True)
+    return holder, extras
+
+  # -- RL ------------------------------------------------------------------------------
+
+  def _run_rl(self, holder, extras, iterator, ckpt, num_steps):
+    cfg, tc = self.base_config, self.base_config.train
+    state = holder["train"]
+    if self.info.process_count > 1:
+      state = distributed.replicate(self.mesh, jax.device_get(state))
+    if "heldout_sft" not in extras:
+      route = self._ensure_route(extras["rl_step"])
+      extras["heldout_sft"] = self.evaluate(state.params, tc.eval_tasks)
+      self.logger.scalars(extras["sft_step"] + extras["rl_step"],
+                          {k.replace("heldout/", "heldout_sft/"): v
+                           for k, v in extras["heldout_sft"].items()})
+      print(f"held-out solve rate of the RL starting point: "
+            f"{extras['heldout_sft']['heldout/solve_rate']:.3f}", flush=True)
+    tracker = task_selection.PassRateTracker.from_spec(self._ensure_route(0).rl_spec)
+    tracker.load_state_dict(extras["tracker"])
+    run_start, steps_done = time.time(), 0
+    while extras["rl_step"] < num_steps and not self._stop.is_set():
+      step = extras["rl_step"]
+      route = self._ensure_route(step)
+      t0 = time.time()
+      pool = _CandidatePool(route.rl_spec, tracker, iterator,
+                            np.random.default_rng([cfg.seed, 11, step]),
+                            (self.info.process_index, self.info.process_count))
+      route.engine.set_params(self._local(state.params), step)
+      seeds_used = []
+
+      def generate(task_ids, group_size, _route=route, _step=step):
+        seeds = [int(_step) * 1_000_003 + int(t) for t in task_ids]
+        seeds_used.extend(seeds)
+        trajs = _route.engine.run([self.train_source[t] for t in task_ids], task_seeds=seeds)
+        groups = []
+        for g, task in enumerate(task_ids):
+          members = [t for t in trajs if t.group_id == g]
+          groups.append(dynamic_sampling.Group(task, np.asarray([m.reward for m in members]),
+                                               members))
+        return groups
+
+      sampler = dynamic_sampling.DynamicSampler(pool, generate)
+      groups, collect_stats = sampler.collect(tc.groups_per_step // self.info.process_count)
+      rollout_s = time.time() - t0
+      trajs = []
+      for g, group in enumerate(groups):
+        gid = self.info.process_index * len(groups) + g
+        for t in group.payload:
+          trajs.append(dataclasses.replace(t, group_id=gid))
+      outcomes = np.asarray(pool.outcomes, np.float64).reshape(-1, 2)
+      all_outcomes = self._gather(outcomes.reshape(-1)).reshape(-1, 2)
+      tracker.update([int(t) for t in all_outcomes[:, 0]], list(all_outcomes[:, 1]))
+
+      t1 = time.time()
+      local_batch = to_batch(trajs, length=route.rollout_spec.max_len)
+      batch = (distributed.global_batch(self.mesh, local_batch)
+               if self.info.process_count > 1 else local_batch)
+      state, metrics = route.train_step(state, batch)
+      metrics = jax.device_get(metrics)
+      learner_s = time.time() - t1
+      extras["rl_step"] = step + 1
+      gen_tokens = float(self._gather(np.asarray([sum(t.num_generated for t in trajs)],
+                                                 np.float64)).sum())
+      rewards = self._gather(np.asarray([t.reward for t in trajs], np.float64))
+      tool_stats = _tool_statistics(trajs)
+      logged = {**metrics,
+                "rollout/reward_mean": float(rewards.mean()),
+                "rollout/solve_rate": float(np.mean(rewards >= SOLVED_REWARD)),
+                "rollout/generated_tokens": gen_tokens,
+                "rollout/tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
+                "rollout/seconds": rollout_s,
+                "rollout/groups_dropped": collect_stats.groups_dropped,
+                "rollout/sampling_rounds": collect_stats.rounds,
+                "rollout/peak_kv_bytes": route.engine.stats.peak_kv_bytes,
+                "rollout/mean_length": float(np.mean([t.length for t in trajs])),
+                "learner/seconds": learner_s,
+                "learner/tokens_per_s": float(np.asarray(local_batch.loss_mask_bt).sum()
+                                              * self.info.process_count) / max(learner_s, 1e-9),
+                "stage/route_a": float(route.name == "A"),
+                **tool_stats}
+      if (step + 1) % tc.eval_every == 0 or step + 1 == num_steps:
+        evaluation = self.evaluate(state.params, tc.eval_tasks)
+        logged.update(evaluation)
+        extras["heldout_last"] = evaluation
+      global_step = extras["sft_step"] + extras["rl_step"]
+      logged = self.logger.scalars(global_step, logged)
+      extras.setdefault("mismatch_kl", []).append(
+          float(metrics.get("mismatch/k3", float("nan"))))
+      if (step + 1) % tc.log_samples_every == 0:
+        for t in trajs[:tc.num_samples_logged]:
+          self.logger.text(global_step, "samples", render_trajectory(self.tokenizer, t))
+      steps_done += 1
+      eta = (time.time() - run_start) / steps_done * (num_steps - step - 1)
+      if self.info.is_primary:
+        solve = extras.get("heldout_last", extras["heldout_sft"])["heldout/solve_rate"]
+        print(f"rl {step + 1}/{num_steps} | reward {logged['rollout/reward_mean']:.3f} | "
+              f"train solve {logged['rollout/solve_rate']:.3f} | held-out solve {solve:.3f} | "
+              f"{logged['rollout/tokens_per_s']:.0f} tok/s | ETA {eta:.0f}s", flush=True)
+      extras["tracker"] = tracker.state_dict()
+      extras["tracker"]["outcomes"] = {str(k): v for k, v in extras["tracker"]["outcomes"].items()}
+      holder = {**holder, "train": state}
+      if extras["rl_step"] % tc.checkpoint_every == 0 or extras["rl_step"] == num_steps:
+        self._save(ckpt, jax.device_get(holder) if self.info.process_count > 1 else holder,
+                   iterator, extras)
+    if self._stop.is_set():
+      self._save(ckpt, holder, iterator, extras, force=True)
+    holder = {**holder, "train": state}
+    self._final_params = state.params
+    return holder, extras
+
+  def _summary(self, extras, start_wall) -> dict:
+    kl = [k for k in extras.get("mismatch_kl", []) if math.isfinite(k)]
+    final = extras.get("heldout_last", extras.get("heldout_sft", {}))
+    return {
+        "heldout_solve_rate_sft": extras.get("heldout_sft", {}).get("heldout/solve_rate"),
+        "heldout_solve_rate_final": final.get("heldout/solve_rate"),
+        "heldout_mean_reward_sft": extras.get("heldout_sft", {}).get("heldout/mean_reward"),
+        "heldout_mean_reward_final": final.get("heldout/mean_reward"),
+        "mismatch_kl_mean": float(np.mean(kl)) if kl else None,
+        "mismatch_kl_max": float(np.max(kl)) if kl else None,
+        "rl_steps": extras["rl_step"],
+        "sft_steps": extras["sft_step"],
+        "wall_seconds": time.time() - start_wall,
+        "config": json.loads(self.base_config.to_json_best_effort()),
+    }
+
+
+def _tool_statistics(trajs) -> dict:
+  calls, denied, errors = {}, 0, 0
+  for t in trajs:
+    for info in t.tool_infos:
+      if not info:
+        continue
+      tool = info.get("tool") or "none"
+      calls[tool] = calls.get(tool, 0) + 1
+      denied += info.get("decision") == "denied"
+      errors += info.get("decision") == "error"
+  out = {f"tools/calls_{k}": v for k, v in calls.items()}
+  out["tools/calls_total"] = sum(calls.values())
+  out["tools/denied"] = denied
+  out["tools/errors"] = errors
+  return out
+
+
+def render_trajectory(tokenizer, traj) -> str:
+  """A readable transcript: the context as text, model turns marked."""
+  parts = []
+  spans = sorted(traj.turn_spans)
+  pos = 0
+  for n, (start, end) in enumerate(spans):
+    parts.append(tokenizer.decode(traj.tokens[pos:start]))
+    parts.append(f"\n>>> model turn {n + 1}:\n" + tokenizer.decode(traj.tokens[start:end]))
+    pos = end
+  parts.append(tokenizer.decode(traj.tokens[pos:]))
+  return (f"reward {traj.reward:.2f}, end: {traj.end_reason}, {traj.length} tokens\n"
+          + "".join(parts))
+
+
+def format_summary(summary: dict) -> str:
+  rows = [(k, summary[k]) for k in ("heldout_solve_rate_sft", "heldout_solve_rate_final",
+                                    "heldout_mean_reward_sft", "heldout_mean_reward_final",
+                                    "mismatch_kl_mean", "rl_steps", "wall_seconds")]
+  width = max(len(k) for k, _ in rows)
+  lines = ["summary"] + [f"  {k:<{width}}  {v:.4g}" if isinstance(v, float)
+                         else f"  {k:<{width}}  {v}" for k, v in rows]
+  return "\n".join(lines)
+

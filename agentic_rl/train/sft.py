@@ -1,0 +1,81 @@
+"""SFT warm start: the scripted expert's episodes, teacher-forced through the engine.
+
+The demonstrations are recorded by the rollout engine itself (ReplayTeacher),
+so their token layout is exactly what the policy will see and emit during RL.
+The loss is next-token cross-entropy on the model's own tokens (loss mask 1).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from agentic_rl.envs import expert
+from agentic_rl.rl.train_step import TrainState
+from agentic_rl.rollout import engine as engine_lib
+from agentic_rl.rollout import teacher as teacher_lib
+from agentic_rl.rollout.trajectory import Trajectory
+
+
+def record_demonstrations(model, params, rollout_spec, tokenizer, env_factory, tasks,
+                          steps=None) -> list[Trajectory]:
+  """One teacher-forced trajectory per task, replaying the expert's actions."""
+  actions = teacher_lib.record_expert_actions(tasks, env_factory, expert.play_expert)
+  by_seed = {task.seed: a for task, a in zip(tasks, actions)}
+  engine = engine_lib.RolloutEngine(
+      model, params, rollout_spec, tokenizer, env_factory, steps=steps,
+      teacher_factory=lambda task: teacher_lib.ReplayTeacher(by_seed[task.seed]))
+  try:
+    return engine.run(tasks)
+  finally:
+    engine.close()
+
+
+def demonstration_arrays(trajectories: Sequence[Trajectory], length: int) -> dict:
+  """Pads demonstrations to `length`: tokens, positions (-1 on padding), loss mask."""
+  b = len(trajectories)
+  tokens = np.zeros((b, length), np.int32)
+  positions = np.full((b, length), -1, np.int32)
+  loss_mask = np.zeros((b, length), np.float32)
+  for i, t in enumerate(trajectories):
+    n = min(t.length, length)
+    tokens[i, :n] = t.tokens[:n]
+    positions[i, :n] = np.arange(n)
+    loss_mask[i, :n] = t.loss_mask[:n]
+  return {"tokens_bt": tokens, "positions_bt": positions, "loss_mask_bt": loss_mask}
+
+
+def make_sft_step(model, optimizer: optax.GradientTransformation):
+  """A jitted `step(state, batch) -> (state, metrics)` of masked next-token cross-entropy."""
+
+  def loss_fn(params, batch):
+    logits_btv, _, aux = model.forward(params, batch["tokens_bt"], batch["positions_bt"])
+    # Token t+1 is predicted at t; the loss counts tokens the model itself emits.
+    logp_btv = jax.nn.log_softmax(logits_btv[:, :-1])
+    targets = batch["tokens_bt"][:, 1:]
+    mask = batch["loss_mask_bt"][:, 1:]
+    nll = -jnp.take_along_axis(logp_btv, targets[..., None], axis=-1)[..., 0]
+    denom = jnp.maximum(mask.sum(), 1.0)
+    loss = (nll * mask).sum() / denom
+    accuracy = ((jnp.argmax(logp_btv, -1) == targets) * mask).sum() / denom
+    return loss + aux["moe_aux_loss"], {"sft/loss": loss, "sft/token_accuracy": accuracy,
+                                        "sft/moe_aux_loss": aux["moe_aux_loss"]}
+
+  @jax.jit
+  def step(state: TrainState, batch):
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(metrics["sft/loss"]) & jnp.isfinite(grad_norm)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    new_state = state.replace(step=state.step + 1, params=keep(params, state.params),
+                              opt_state=keep(opt_state, state.opt_state),
+                              skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32))
+    return new_state, {**metrics, "sft/grad_norm": grad_norm}
+
+  return step
