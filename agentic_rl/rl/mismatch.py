@@ -150,6 +150,7 @@ def selection_agreement_sums(learner_layers, recorded_layers, positions_bt, turn
 
 
 def combine_sums(a: dict, b: dict) -> dict:
+  """Adds two sums dicts (keys ending in '_max' take the maximum)."""
   return {k: (jnp.maximum(a[k], b[k]) if k.endswith("_max") else a[k] + b[k]) for k in a}
 
 

@@ -76,10 +76,6 @@ def init_train_state(model, params, spec: RLSpec, ref_params=None) -> TrainState
                     skipped_steps=jnp.zeros((), jnp.int32))
 
 
-def _combine(a, b):
-  return {k: (jnp.maximum(a[k], b[k]) if k.endswith("_max") else a[k] + b[k]) for k in a}
-
-
 def _split_micro_batches(tree, num_micro_batches: int):
   def split(x):
     return x.reshape((num_micro_batches, x.shape[0] // num_micro_batches) + x.shape[1:])
@@ -155,7 +151,7 @@ def make_train_step(model, spec: RLSpec, *, donate: bool = False):
         (_, (sums, loads)), grads = grad_fn(state.params, state.ref_params, mb[0], mb[1],
                                             norms)
         acc_grads, acc_sums, acc_loads = carry
-        return (jax.tree.map(jnp.add, acc_grads, grads), _combine(acc_sums, sums),
+        return (jax.tree.map(jnp.add, acc_grads, grads), mismatch.combine_sums(acc_sums, sums),
                 jax.tree.map(jnp.add, acc_loads, loads)), None
 
       init = (zeros[1], zeros[0][1][0], zeros[0][1][1])

@@ -1,5 +1,6 @@
 """Advantage estimators against hand-computed examples and an independent numpy GAE."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -70,7 +71,9 @@ def test_turn_level_hand_example():
   process[1, 6] = 0.5  # B turn 1
   process[2, 2] = 0.25  # C turn 0
   rewards = np.array([1.0, 0.0, 1.0], np.float32)
-  got = np.asarray(adv.turn_level_advantages(
+  turn_level = jax.jit(adv.turn_level_advantages,
+                       static_argnames=("max_turns", "turn_gamma", "turn_weight", "eps"))
+  got = np.asarray(turn_level(
       jnp.asarray(rewards), jnp.zeros(3, jnp.int32), jnp.asarray(process), jnp.asarray(turn),
       jnp.asarray(mask), max_turns=4, turn_gamma=0.5, turn_weight=0.5, eps=0.0))
   # Outcome: [1, 0, 1] -> mean 2/3, std sqrt(1/3): A, C = +0.57735, B = -1.15470.

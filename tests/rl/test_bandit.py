@@ -17,7 +17,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from agentic_rl.rl import batch as batch_lib
 from agentic_rl.rl import train_step as ts

@@ -102,7 +102,8 @@ def test_changed_temperature_is_positive(env):
   fn = _metrics_fn(env["model"], FULL_REPLAY)
   same = _scalars(fn(env["params"], sampled_hot))
   assert same["mismatch/abs_logp_diff_max"] < 1e-6  # scored at the sampler's temperature
-  wrong = _scalars(fn(env["params"], sampled_hot.replace(temperature_b=jnp.ones((B,), jnp.float32))))
+  cold = sampled_hot.replace(temperature_b=jnp.ones((B,), jnp.float32))
+  wrong = _scalars(fn(env["params"], cold))
   assert wrong["mismatch/k3"] > 1e-3 and wrong["mismatch/abs_logp_diff_mean"] > 1e-2, wrong
 
 

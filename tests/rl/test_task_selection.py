@@ -1,4 +1,5 @@
-"""Task selection: pass-rate tracker, priorities, held-out split and evaluation, dynamic sampling."""
+"""Task selection: pass-rate tracker, priorities, held-out split and evaluation, dynamic
+sampling."""
 
 import numpy as np
 import pytest
