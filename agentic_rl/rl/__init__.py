@@ -1,0 +1,15 @@
+"""The RL learner: trajectories in, updates out, the train-inference mismatch always measured.
+
+  config           config.rl defaults, validation, RLSpec
+  batch            the learner's Batch pytree (what the rollout engine records)
+  sampling_mask    pack / unpack / apply top-k, top-p masks (Keep Sampling Mask)
+  logprobs         target-aligned token log-probs and entropies
+  advantages       GRPO, Dr. GRPO, RLOO, turn-level, GAE
+  objectives       PPO-clip (clip-higher), GSPO, aggregation, KL to reference, value loss
+  corrections      TIS, MIS (token, sequence), IcePop
+  mismatch         k1, k3, |d log p|, outliers, routing and block agreement, by turn/position
+  learner          the learner's forward with replay, its loss, mismatch_metrics
+  train_step       TrainState, AdamW + warmup-cosine + clipping, micro-batches, guard
+  task_selection   pass-rate tracker, priorities, held-out split and evaluation
+  dynamic_sampling drop groups with equal rewards, refill
+"""

@@ -33,6 +33,12 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, data_iterator=None, extras: dict | None = None,
            *, force: bool = False) -> bool:
+    if step in self._manager.all_steps():
+      # A newer state for the same step (e.g. the SFT->RL hand-over, or SIGTERM right
+      # after a periodic save) replaces the old one; a kill in between leaves the
+      # previous checkpoint as the latest.
+      self._manager.wait_until_finished()
+      self._manager.delete(step)
     items = {"state": ocp.args.StandardSave(state),
              "extras": ocp.args.JsonSave(extras or {})}
     if data_iterator is not None:

@@ -12,6 +12,7 @@ uninterrupted one exactly.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -297,8 +298,18 @@ class Trainer:
         state.params), step=jnp.zeros((), jnp.int32), skipped_steps=jnp.zeros((), jnp.int32))
     holder = {**holder, "train": state}
     extras["phase"] = "rl"
+    self._evaluate_start(state.params, extras)
     self._save(ckpt, holder, iterator, extras, force=True)
     return holder, extras
+
+  def _evaluate_start(self, params, extras):
+    """Scores the checkpoint RL starts from (logged once; saved with the next checkpoint)."""
+    extras["heldout_sft"] = self.evaluate(params, self.base_config.train.eval_tasks)
+    self.logger.scalars(extras["sft_step"] + extras["rl_step"],
+                        {k.replace("heldout/", "heldout_sft/"): v
+                         for k, v in extras["heldout_sft"].items()})
+    print(f"held-out solve rate of the RL starting point: "
+          f"{extras['heldout_sft']['heldout/solve_rate']:.3f}", flush=True)
 
   # -- RL ------------------------------------------------------------------------------
 
@@ -307,14 +318,10 @@ class Trainer:
     state = holder["train"]
     if self.info.process_count > 1:
       state = distributed.replicate(self.mesh, jax.device_get(state))
-    if "heldout_sft" not in extras:
-      route = self._ensure_route(extras["rl_step"])
-      extras["heldout_sft"] = self.evaluate(state.params, tc.eval_tasks)
-      self.logger.scalars(extras["sft_step"] + extras["rl_step"],
-                          {k.replace("heldout/", "heldout_sft/"): v
-                           for k, v in extras["heldout_sft"].items()})
-      print(f"held-out solve rate of the RL starting point: "
-            f"{extras['heldout_sft']['heldout/solve_rate']:.3f}", flush=True)
+    if "heldout_sft" not in extras:  # No SFT phase: score the initial params.
+      self._ensure_route(extras["rl_step"])
+      self._evaluate_start(state.params, extras)
+      self._save(ckpt, jax.device_get(holder), iterator, extras, force=True)
     tracker = task_selection.PassRateTracker.from_spec(self._ensure_route(0).rl_spec)
     tracker.load_state_dict(extras["tracker"])
     run_start, steps_done = time.time(), 0
@@ -421,8 +428,18 @@ class Trainer:
         "rl_steps": extras["rl_step"],
         "sft_steps": extras["sft_step"],
         "wall_seconds": time.time() - start_wall,
+        "params_sha256": params_digest(self._final_params),
         "config": json.loads(self.base_config.to_json_best_effort()),
     }
+
+
+def params_digest(params) -> str:
+  """A hash of every parameter's bytes: equal runs give equal digests."""
+  h = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(params)):
+    h.update(jax.tree_util.keystr(path).encode())
+    h.update(np.ascontiguousarray(leaf).tobytes())
+  return h.hexdigest()
 
 
 def _tool_statistics(trajs) -> dict:

@@ -53,7 +53,9 @@ def test_sampled_swe_trajectories_match_the_learner(tiny_model, tokenizer, sampl
   trajectories = engine.run(easy_tasks(3))
   engine.close()
   for t in trajectories:
-    assert t.end_reason == config_lib.END_TURN_BUDGET and t.num_turns == 3
+    # The random model may also end the conversation itself with <|eos|>.
+    assert t.end_reason in (config_lib.END_TURN_BUDGET, config_lib.END_EOS)
+    assert t.num_turns == 3 or (t.end_reason == config_lib.END_EOS and t.num_turns < 3)
     assert all(info["decision"] in ("allowed", "denied", "timeout", "error")
                for info in t.tool_infos)
   # A random model's text is rarely a valid call: the env answers with an error.

@@ -90,3 +90,12 @@ def test_metrics_log_drops_lines_past_resume_step(tmp_path):
   lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
   assert [l["step"] for l in lines] == [1, 2, 3]
   assert lines[0] == {"step": 1, "reward": 0.1}
+
+
+def test_saving_a_step_again_replaces_it(tmp_path):
+  ckpt = Checkpointer(str(tmp_path))
+  ckpt.save(2, {"x": jnp.float32(1.0)}, extras={"phase": "sft"})
+  ckpt.save(2, {"x": jnp.float32(2.0)}, extras={"phase": "rl"}, force=True)
+  ckpt.wait()
+  step, state, extras = ckpt.restore({"x": jnp.zeros(())})
+  assert (step, float(state["x"]), extras) == (2, 2.0, {"phase": "rl"})

@@ -1,0 +1,113 @@
+"""The main job end to end: SFT, RL, evaluation, logs, checkpoints, resume, SIGTERM.
+
+Runs launch/train.py in subprocesses on a shrunk quickstart config. Metrics
+that time things (seconds, per-second rates) differ between runs; every other
+metric of a resumed run must equal the uninterrupted run's.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+_CONFIG_SCRIPT = os.path.join(os.path.dirname(__file__), "tiny_config_file.py")
+
+
+def _command(workdir, *overrides):
+  return [sys.executable, "-m", "launch.train", f"--config={_CONFIG_SCRIPT}",
+          f"--workdir={workdir}", *overrides]
+
+
+def _env():
+  return dict(os.environ, PYTHONPATH=os.getcwd(), JAX_PLATFORMS="cpu")
+
+
+def _metrics(workdir):
+  lines = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+  timing = ("seconds", "per_s", "wall")
+  return [{k: v for k, v in l.items() if not any(t in k for t in timing)} for l in lines]
+
+
+def _wait_for_metric_step(workdir, step, proc, timeout=900):
+  path = os.path.join(workdir, "metrics.jsonl")
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    assert proc.poll() is None, proc.stdout.read()
+    if os.path.exists(path):
+      steps = [json.loads(l)["step"] for l in open(path) if l.strip().endswith("}")]
+      if steps and max(steps) >= step:
+        return
+    time.sleep(0.5)
+  raise TimeoutError(f"step {step} never logged")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("full"))
+  out = subprocess.run(_command(workdir), env=_env(), capture_output=True, text=True,
+                       timeout=1800)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  return workdir, out.stdout
+
+
+@pytest.mark.slow
+def test_run_writes_summary_logs_and_checkpoints(uninterrupted):
+  workdir, stdout = uninterrupted
+  summary = json.load(open(os.path.join(workdir, "summary.json")))
+  for key in ("heldout_solve_rate_sft", "heldout_solve_rate_final", "mismatch_kl_mean",
+              "wall_seconds", "config"):
+    assert key in summary
+  assert summary["rl_steps"] == 3 and summary["sft_steps"] == 2
+  # Same forward, fp32, full replay: the sampler and learner agree to fp32 round-off.
+  assert summary["mismatch_kl_mean"] < 1e-6
+  metrics = _metrics(workdir)
+  assert [m["step"] for m in metrics if "sft/loss" in m] == [1, 2]
+  rl = [m for m in metrics if "rollout/reward_mean" in m]
+  assert [m["step"] for m in rl] == [3, 4, 5]
+  for key in ("mismatch/k3", "mismatch/routing_agreement", "grad_norm", "skipped_steps",
+              "rollout/peak_kv_bytes", "tools/calls_total", "loss"):
+    assert key in rl[0], key
+  assert os.listdir(os.path.join(workdir, "tensorboard"))
+  assert "rl 3/3 | reward" in stdout and "summary" in stdout
+  audit = subprocess.run([sys.executable, "-m", "launch.audit", "verify",
+                          os.path.join(workdir, "audit.0.jsonl")], env=_env(),
+                         capture_output=True, text=True)
+  assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_equals_uninterrupted(uninterrupted, tmp_path):
+  reference = _metrics(uninterrupted[0])
+  workdir = str(tmp_path / "killed")
+  proc = subprocess.Popen(_command(workdir), env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  _wait_for_metric_step(workdir, 4, proc)  # past SFT and one RL step
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  out = subprocess.run(_command(workdir), env=_env(), capture_output=True, text=True,
+                       timeout=1800)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "resumed from" in out.stdout
+  assert _metrics(workdir) == reference
+  a = json.load(open(os.path.join(workdir, "summary.json")))
+  b = json.load(open(os.path.join(uninterrupted[0], "summary.json")))
+  assert a["params_sha256"] == b["params_sha256"]
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+  workdir = str(tmp_path / "term")
+  proc = subprocess.Popen(_command(workdir, "--config.rl.num_steps=50"), env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  _wait_for_metric_step(workdir, 3, proc)
+  proc.send_signal(signal.SIGTERM)
+  out, _ = proc.communicate(timeout=600)
+  assert proc.returncode == 0, out[-3000:]
+  assert "SIGTERM: checkpoint saved" in out
+  steps = [int(p) for p in os.listdir(os.path.join(workdir, "checkpoints")) if p.isdigit()]
+  logged = max(m["step"] for m in _metrics(workdir))
+  assert max(steps) == logged
