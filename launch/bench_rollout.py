@@ -98,15 +98,21 @@ def _reset(steps, cache, rows, num_rows):
 
 
 def prefix_reuse(engine, params, contexts, obs_tokens, repeats, rng):
-  """{context: seconds of append vs re-prefill} on a fresh slot cache of the engine's shape."""
+  """{context: seconds of append vs re-prefill}, with the engine's steps and slot count.
+
+  The cache holds model.max_seq_len positions (the engine's own max_len may be
+  shorter), the same for every context, so the 4K comparison runs whatever
+  config.rollout.max_len is.
+  """
   spec, steps = engine.spec, engine.steps
   p = spec.prefill_rows
-  cache = engine.model.init_cache(spec.num_slots, spec.max_len)
+  capacity = engine.model.spec.max_seq_len
+  cache = engine.model.init_cache(spec.num_slots, capacity)
   results = {}
   for context in contexts:
-    if context > spec.max_len or context <= obs_tokens:
+    if context > capacity or context <= obs_tokens:
       results[str(context)] = {"skipped": f"context {context} needs obs_tokens < context "
-                                          f"<= max_len={spec.max_len}"}
+                                          f"<= model.max_seq_len={capacity}"}
       continue
     tokens = rng.integers(0, 256, context).astype(np.int32)
     prefix, obs = tokens[:context - obs_tokens], tokens[context - obs_tokens:]
@@ -131,6 +137,7 @@ def prefix_reuse(engine, params, contexts, obs_tokens, repeats, rng):
     results[str(context)] = {
         "reuse_s": reuse, "reprefill_s": full, "speedup": full / reuse,
         "prefix_tokens": int(len(prefix)), "appended_tokens": int(obs_tokens),
+        "cache_capacity": capacity,
         # Both paths end in the same state: the next-token logits agree.
         "max_abs_logit_diff": float(np.max(np.abs(logits_reuse - logits_full)))}
   return results

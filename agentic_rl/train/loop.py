@@ -211,6 +211,8 @@ class Trainer:
                         max_to_keep=tc.keep_checkpoints)
     extras = {"phase": "sft" if tc.sft_steps else "rl", "sft_step": 0, "rl_step": 0,
               "tracker": {"outcomes": {}}, "wall_seconds": 0.0}
+    if self.info.process_count > 1:  # Restore onto the global mesh, replicated.
+      holder = distributed.replicate(self.mesh, jax.device_get(holder))
     restored = ckpt.restore(holder, iterator)
     if restored is not None:
       _, holder, extras = restored
@@ -234,6 +236,9 @@ class Trainer:
       return {"interrupted": True, **{k: extras[k] for k in ("phase", "sft_step", "rl_step")}}
     ckpt.close()
     summary = self._summary(extras, start_wall)
+    # Every process prints it: replicas of one data-parallel run must agree.
+    print(f"process {self.info.process_index} final params sha256 {summary['params_sha256']}",
+          flush=True)
     if self.info.is_primary:
       with open(os.path.join(self.workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -249,6 +254,8 @@ class Trainer:
 
   def _save(self, ckpt, holder, iterator, extras, *, force=False):
     global_step = extras["sft_step"] + extras["rl_step"]
+    if self.info.process_count > 1:  # Orbax writes multi-host state as global arrays.
+      holder = distributed.replicate(self.mesh, jax.device_get(holder))
     ckpt.save(global_step, holder, iterator, extras, force=force)
 
   # -- SFT -----------------------------------------------------------------------------
@@ -261,6 +268,8 @@ class Trainer:
     state = holder["train"]
     if extras["sft_step"] == 0:
       state = state.replace(opt_state=optimizer.init(state.params))
+    if self.info.process_count > 1:
+      state = distributed.replicate(self.mesh, jax.device_get(state))
     demo_idx = list(distributed.shard_indices(tc.sft_demos, self.info))
     tasks = [self.train_source[i] for i in demo_idx]
     t0 = time.time()
@@ -321,7 +330,7 @@ class Trainer:
     if "heldout_sft" not in extras:  # No SFT phase: score the initial params.
       self._ensure_route(extras["rl_step"])
       self._evaluate_start(state.params, extras)
-      self._save(ckpt, jax.device_get(holder), iterator, extras, force=True)
+      self._save(ckpt, holder, iterator, extras, force=True)
     tracker = task_selection.PassRateTracker.from_spec(self._ensure_route(0).rl_spec)
     tracker.load_state_dict(extras["tracker"])
     run_start, steps_done = time.time(), 0
@@ -407,8 +416,7 @@ class Trainer:
       extras["tracker"]["outcomes"] = {str(k): v for k, v in extras["tracker"]["outcomes"].items()}
       holder = {**holder, "train": state}
       if extras["rl_step"] % tc.checkpoint_every == 0 or extras["rl_step"] == num_steps:
-        self._save(ckpt, jax.device_get(holder) if self.info.process_count > 1 else holder,
-                   iterator, extras)
+        self._save(ckpt, holder, iterator, extras)
     if self._stop.is_set():
       self._save(ckpt, holder, iterator, extras, force=True)
     holder = {**holder, "train": state}
