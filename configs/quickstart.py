@@ -54,7 +54,7 @@ def get_config() -> ml_collections.ConfigDict:
   r.temperature = 1.0
 
   rl = config.rl = default_rl_config()
-  rl.num_steps = 20
+  rl.num_steps = 10
   rl.optim.learning_rate = 1e-3
   rl.optim.warmup_steps = 2
   rl.optim.decay_steps = 200
@@ -62,11 +62,11 @@ def get_config() -> ml_collections.ConfigDict:
   rl.task_selection.heldout_fraction = 0.0  # The env's held-out split is separate seeds.
 
   t = config.train = default_train_config()
-  t.sft_steps = 40
-  t.sft_demos = 64
-  t.sft_batch_size = 8
-  t.groups_per_step = 4
-  t.eval_every = 10
+  t.sft_steps = 12
+  t.sft_demos = 32
+  t.sft_batch_size = 4
+  t.groups_per_step = 2
+  t.eval_every = 5
   t.eval_tasks = 16
   config.route_a = route_a_overrides()
   return config

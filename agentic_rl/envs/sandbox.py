@@ -345,6 +345,14 @@ def _count_uid_processes(uid: int) -> int:
   return n
 
 
+def _sigkill(pids) -> None:
+  for pid in pids:
+    try:
+      os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+      pass  # Already gone, or no longer ours.
+
+
 class Sandbox:
   """One episode's workspace plus the means to run Python in it, confined."""
 
@@ -545,11 +553,7 @@ class Sandbox:
       alive = [p for p in _live_pids_of_uid(self.uid) if p != keep_pid]
       if not alive:
         return
-      for pid in alive:
-        try:
-          os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-          pass
+      _sigkill(alive)
       time.sleep(0.002)
 
   def _await_done(self, rid: str, t0: float, deadline: float) -> tuple[RunResult, bool]:
@@ -632,11 +636,7 @@ class Sandbox:
       alive = _live_pids_of_uid(self.uid)
       if not alive:
         return
-      for pid in alive:
-        try:
-          os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-          pass
+      _sigkill(alive)
       time.sleep(0.002)
     log.error("sandbox uid %d: processes survive SIGKILL: %s", self.uid, alive[:10])
 

@@ -7,6 +7,7 @@ The loss is next-token cross-entropy on the model's own tokens (loss mask 1).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import jax
@@ -24,6 +25,8 @@ from agentic_rl.rollout.trajectory import Trajectory
 def record_demonstrations(model, params, rollout_spec, tokenizer, env_factory, tasks,
                           steps=None) -> list[Trajectory]:
   """One teacher-forced trajectory per task, replaying the expert's actions."""
+  # One demonstration per task: G identical teacher-forced copies would teach nothing more.
+  rollout_spec = dataclasses.replace(rollout_spec, group_size=1)
   actions = teacher_lib.record_expert_actions(tasks, env_factory, expert.play_expert)
   by_seed = {task.seed: a for task, a in zip(tasks, actions)}
   engine = engine_lib.RolloutEngine(
