@@ -177,7 +177,7 @@ class Trainer:
     tasks = [self.heldout_source[i] for i in indices]
     route.eval_engine.set_params(self._local(params), 0)
     trajs = route.eval_engine.run(tasks, task_seeds=indices)
-    local = np.asarray([[t.reward for t in trajs]], np.float32).reshape(-1)
+    local = np.asarray([t.reward for t in trajs], np.float32)
     rewards = self._gather(local)
     return {"heldout/solve_rate": float(np.mean(rewards >= SOLVED_REWARD)),
             "heldout/mean_reward": float(np.mean(rewards)),
@@ -235,7 +235,7 @@ class Trainer:
       self._close()
       return {"interrupted": True, **{k: extras[k] for k in ("phase", "sft_step", "rl_step")}}
     ckpt.close()
-    summary = self._summary(extras, start_wall)
+    summary = self._summary(extras, start_wall, holder["train"].params)
     # Every process prints it: replicas of one data-parallel run must agree.
     print(f"process {self.info.process_index} final params sha256 {summary['params_sha256']}",
           flush=True)
@@ -331,8 +331,11 @@ class Trainer:
       self._ensure_route(extras["rl_step"])
       self._evaluate_start(state.params, extras)
       self._save(ckpt, holder, iterator, extras, force=True)
-    tracker = task_selection.PassRateTracker.from_spec(self._ensure_route(0).rl_spec)
-    tracker.load_state_dict(extras["tracker"])
+    tracker = task_selection.PassRateTracker.from_spec(
+        self._ensure_route(extras["rl_step"]).rl_spec)
+    # JSON keys are strings; task ids are ints.
+    tracker.load_state_dict({"outcomes": {int(k): v for k, v in
+                                          extras["tracker"]["outcomes"].items()}})
     run_start, steps_done = time.time(), 0
     while extras["rl_step"] < num_steps and not self._stop.is_set():
       step = extras["rl_step"]
@@ -419,11 +422,9 @@ class Trainer:
         self._save(ckpt, holder, iterator, extras)
     if self._stop.is_set():
       self._save(ckpt, holder, iterator, extras, force=True)
-    holder = {**holder, "train": state}
-    self._final_params = state.params
     return holder, extras
 
-  def _summary(self, extras, start_wall) -> dict:
+  def _summary(self, extras, start_wall, params) -> dict:
     kl = [k for k in extras.get("mismatch_kl", []) if math.isfinite(k)]
     final = extras.get("heldout_last", extras.get("heldout_sft", {}))
     return {
@@ -436,7 +437,7 @@ class Trainer:
         "rl_steps": extras["rl_step"],
         "sft_steps": extras["sft_step"],
         "wall_seconds": time.time() - start_wall,
-        "params_sha256": params_digest(self._final_params),
+        "params_sha256": params_digest(params),
         "config": json.loads(self.base_config.to_json_best_effort()),
     }
 
