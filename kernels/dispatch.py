@@ -17,6 +17,8 @@ from kernels import reference
 class AttentionOps:
   causal_attention: Callable
   sliding_window_attention: Callable
+  # Uncached self-attention (q, k, v, pos_bt, *, window): the training path of S layers.
+  local_window_attention: Callable
   block_sparse_attention: Callable
   select_blocks: Callable
 
@@ -24,6 +26,7 @@ class AttentionOps:
 REFERENCE_OPS = AttentionOps(
     causal_attention=reference.causal_attention,
     sliding_window_attention=reference.sliding_window_attention,
+    local_window_attention=reference.local_window_attention,
     block_sparse_attention=reference.block_sparse_attention,
     select_blocks=reference.select_blocks,
 )

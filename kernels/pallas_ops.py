@@ -113,6 +113,8 @@ def make_ops(interpret: bool = False, *, platform: str | None = None,
   return dispatch.AttentionOps(
       causal_attention=causal_attention,
       sliding_window_attention=sliding_window_attention,
+      local_window_attention=lambda q, k, v, pos, *, window: sliding_window_attention(
+          q, k, v, pos, pos, window=window),
       block_sparse_attention=block_sparse_attention,
       select_blocks=reference.select_blocks,
   )

@@ -45,6 +45,8 @@ def default_env_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
 
   c.tiers = ml_collections.ConfigDict()
+  # One function with one bug: the curriculum's first rung (the quickstart trains on it).
+  c.tiers.tiny = _tier(1, 1, 0, 2, _BASE_TOOLS)
   c.tiers.easy = _tier(3, 1, 0, 3, _BASE_TOOLS)
   c.tiers.medium = _tier(4, 2, 2, 3, _BASE_TOOLS + ("python",))
   c.tiers.hard = _tier(6, 3, 3, 4, _BASE_TOOLS + ("python",))

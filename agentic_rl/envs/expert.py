@@ -3,11 +3,17 @@
 It sees only what a policy sees: the observations returned by `env.step`
 (`task` is used for nothing but `env.reset(task)`). The play:
 
-  ls -> test -> view the module -> view the test file (in chunks when long)
+  ls -> test -> view the test file -> view the module (in chunks when long)
   -> for each failing function, search single-line repairs (every operator,
      comparison, name, constant in a range, +-1 added or removed:
-     agentic_rl/envs/mutations.py) for one that passes all of that function's
-     cases read from the test file -> replace that line -> ... -> test -> submit.
+     agentic_rl/envs/mutations.py) for the smallest edit that passes all of
+     that function's cases read from the test file -> replace that line -> ...
+     -> test -> submit.
+
+The module is viewed last so the line to edit sits just before the edit: a
+policy can copy it through its sliding-window layers. Of the passing repairs
+the one with the fewest changed characters goes first (`(x + 1) * 7`, not
+`(x + 0 + 1) * 7`), so demonstrations show the fix a programmer would make.
 
 The repair search runs the candidate function in this process on the cases
 it read; the code it runs is what `view` showed, i.e. generated code and the
@@ -148,10 +154,24 @@ def _repairs(module_lines: list[str], name: str, cases):
     return
   src_lines = module_lines[fn.lineno - 1: fn.end_lineno]
   fn_source = "\n".join(src_lines)
-  for _, idx, _, new in mutations.mutated_sources(mutations.canonical(fn_source), expert=True):
+  passing = []
+  for _, idx, old, new in mutations.mutated_sources(mutations.canonical(fn_source), expert=True):
     candidate = "\n".join(new if i == idx else s for i, s in enumerate(src_lines))
     if _passes(candidate, name, cases):
-      yield fn.lineno + idx, new
+      passing.append((_edit_distance(old, new), fn.lineno + idx, new))
+  passing.sort(key=lambda c: c[0])  # Stable: ties keep the search order.
+  for _, line, new in passing:
+    yield line, new
+
+
+def _edit_distance(a: str, b: str) -> int:
+  """Levenshtein distance over characters (lines are short)."""
+  row = list(range(len(b) + 1))
+  for i, ca in enumerate(a, 1):
+    prev, row[0] = row[0], i
+    for j, cb in enumerate(b, 1):
+      prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+  return row[-1]
 
 
 def play_expert(env, task, max_turns: int | None = None) -> ExpertResult:
@@ -166,10 +186,10 @@ def play_expert(env, task, max_turns: int | None = None) -> ExpertResult:
     obs = p.act("test")
     if not _all_pass(obs):
       failing = _failing_functions(obs)
-      sources = {m: p.read_file(m) for m in modules}
       cases: dict = {}
       for t in tests:
         cases.update(_cases_from_tests("\n".join(p.read_file(t))))
+      sources = {m: p.read_file(m) for m in modules}
       original = {m: list(lines) for m, lines in sources.items()}
       pending = {}  # function -> iterator of repairs not tried yet
       applied = {}  # function -> line of its current repair

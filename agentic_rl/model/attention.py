@@ -78,7 +78,7 @@ class Attention(nn.Module):
   def _sliding(self, ops, q, k, v, positions_bt, layer_cache):
     w = self.spec.sliding_window
     if layer_cache is None:
-      return ops.sliding_window_attention(q, k, v, positions_bt, positions_bt, window=w), None
+      return ops.local_window_attention(q, k, v, positions_bt, window=w), None
     # The ring holds positions before this chunk; the chunk attends to both.
     dtype = q.dtype
     k_all = jnp.concatenate([layer_cache["k"].astype(dtype), k], axis=1)

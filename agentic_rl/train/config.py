@@ -14,7 +14,11 @@ def default_train_config() -> ml_collections.ConfigDict:
   c.groups_per_step = 4  # Task groups per RL step (each of config.rollout.group_size samples).
   c.candidates_per_group = 3  # Candidate tasks drawn from grain per group, ranked by priority.
   c.eval_every = 10  # RL steps between held-out evaluations (and at the end).
-  c.eval_tasks = 32  # Held-out tasks per evaluation (greedy, one sample each).
+  c.eval_tasks = 32  # Held-out tasks per evaluation.
+  # 0 = greedy. Above 0 the held-out solve rate is the policy's pass@1 at this temperature,
+  # averaged over eval_samples draws per task (the policy RL trains is the sampled one).
+  c.eval_temperature = 0.0
+  c.eval_samples = 1
   c.checkpoint_every = 5  # Steps between checkpoints (SFT and RL steps alike).
   c.keep_checkpoints = 3
   c.log_samples_every = 10  # Steps between sample trajectories written to TensorBoard.
@@ -73,10 +77,17 @@ def validate_train_config(c: ml_collections.ConfigDict) -> ml_collections.Config
       raise ValueError(f"config.train.{field}={c[field]!r}: expected an integer "
                        f"{'>= 0' if field == 'sft_steps' else '>= -1'}.")
   for field in ("sft_demos", "sft_batch_size", "groups_per_step", "candidates_per_group",
-                "eval_every", "eval_tasks", "checkpoint_every", "keep_checkpoints",
+                "eval_every", "eval_tasks", "eval_samples", "checkpoint_every", "keep_checkpoints",
                 "log_samples_every", "num_processes"):
     if not isinstance(c[field], int) or c[field] <= 0:
       raise ValueError(f"config.train.{field}={c[field]!r}: expected a positive integer.")
+  if (isinstance(c.eval_temperature, bool) or not isinstance(c.eval_temperature, (int, float))
+      or c.eval_temperature < 0):
+    raise ValueError(f"config.train.eval_temperature={c.eval_temperature!r}: expected a "
+                     f"number >= 0 (0 = greedy).")
+  if c.eval_temperature == 0 and c.eval_samples != 1:
+    raise ValueError(f"config.train.eval_samples={c.eval_samples}: greedy evaluation "
+                     f"(eval_temperature=0) draws the same episode every time; use 1.")
   if c.groups_per_step % c.num_processes:
     raise ValueError(f"config.train.groups_per_step={c.groups_per_step} must be divisible by "
                      f"num_processes={c.num_processes}: each process rolls out its share.")

@@ -134,7 +134,11 @@ class Trainer:
     rl_spec = rl_config_lib.validate(config.rl, config.model)
     rollout_spec = rollout_config_lib.validate(config.rollout, spec)
     eval_cfg = ml_collections.ConfigDict(config.rollout.to_dict())
-    eval_cfg.temperature, eval_cfg.top_k, eval_cfg.top_p, eval_cfg.group_size = 0.0, 0, 1.0, 1
+    tc = self.base_config.train
+    eval_cfg.temperature = float(tc.eval_temperature)
+    eval_cfg.group_size = int(tc.eval_samples)
+    if tc.eval_temperature == 0:
+      eval_cfg.top_k, eval_cfg.top_p = 0, 1.0
     eval_spec = rollout_config_lib.validate(eval_cfg, spec)
     # Weights arrive through set_params before every use.
     engine = engine_lib.RolloutEngine(model, None, rollout_spec, self.tokenizer,
@@ -181,7 +185,8 @@ class Trainer:
     rewards = self._gather(local)
     return {"heldout/solve_rate": float(np.mean(rewards >= SOLVED_REWARD)),
             "heldout/mean_reward": float(np.mean(rewards)),
-            "heldout/num_tasks": int(rewards.size)}
+            "heldout/num_tasks": int(num_tasks),
+            "heldout/episodes": int(rewards.size)}
 
   def _gather(self, x: np.ndarray) -> np.ndarray:
     if self.info.process_count == 1:

@@ -8,7 +8,7 @@ from agentic_rl.envs.config import ALL_TOOLS, default_env_config, validate_env_c
 def test_defaults_validate():
   c = default_env_config()
   assert validate_env_config(c) is c
-  assert set(c.tiers.keys()) == {"easy", "medium", "hard"}
+  assert set(c.tiers.keys()) == {"tiny", "easy", "medium", "hard"}
   for t in c.tiers.values():
     assert set(t.allowlist) <= set(ALL_TOOLS) and "submit" in t.allowlist
 

@@ -122,3 +122,32 @@ def test_gradients_match_finite_differences(kernel):
   else:
     fn = lambda q, k, v: sliding(q, k, v, q_pos, k_pos, window=4)
   check_grads(fn, (q, k, v), order=1, modes=["rev"], eps=1e-2, atol=5e-3, rtol=5e-3)
+
+
+local = jax.jit(reference.local_window_attention, static_argnames="window")
+
+
+@pytest.mark.parametrize("t,window", [(12, 4), (12, 5), (13, 1), (7, 16), (16, 16), (33, 8)])
+def test_local_window_attention_matches_numpy(t, window):
+  """The O(T*W) chunked path against the float64 dense loop: ragged padding, T not a
+  multiple of the window, and rows whose positions are a permutation."""
+  rng = np.random.default_rng(t * 100 + window)
+  pos = np.tile(np.arange(t), (3, 1))
+  pos[1, t * 2 // 3:] = -1  # Right padding.
+  pos[2] = rng.permutation(t)  # Unique positions in any order.
+  pos = jnp.asarray(pos, jnp.int32)
+  q, k, v = qkv(t + window, 3, t, t)
+  want = npa.attention(q, k, v, npa.visibility(pos, pos, window=window))
+  np.testing.assert_allclose(local(q, k, v, pos, window=window), want, **TOL)
+
+
+def test_local_window_attention_gradients_match_the_dense_path():
+  pos = jnp.asarray(np.tile(np.arange(20), (2, 1)), jnp.int32).at[1, 15:].set(-1)
+  q, k, v = qkv(7, 2, 20, 20)
+  w = jax.random.normal(jax.random.key(0), (2, 20, H, D))
+  dense = lambda q, k, v: jnp.sum(w * reference.sliding_window_attention(
+      q, k, v, pos, pos, window=6))
+  chunked = lambda q, k, v: jnp.sum(w * reference.local_window_attention(q, k, v, pos, window=6))
+  for g_dense, g_local in zip(jax.grad(dense, (0, 1, 2))(q, k, v),
+                              jax.grad(chunked, (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(g_local, g_dense, atol=1e-5, rtol=1e-5)
