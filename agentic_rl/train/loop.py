@@ -278,13 +278,21 @@ class Trainer:
     demo_idx = list(distributed.shard_indices(tc.sft_demos, self.info))
     tasks = [self.train_source[i] for i in demo_idx]
     t0 = time.time()
-    demos = sft_lib.record_demonstrations(route.model, self._local(state.params),
-                                          route.rollout_spec, self.tokenizer,
-                                          self._env_factory, tasks, steps=route.engine.steps)
+    demos = sft_lib.render_demonstrations(self.tokenizer, route.rollout_spec,
+                                          self._env_factory, tasks,
+                                          route.rollout_spec.system_prompt)
+    long_idx = [i for i, d in enumerate(demos) if d is None]
+    if long_idx:  # An action over max_new_tokens_per_turn: the engine truncates it as RL would.
+      recorded = sft_lib.record_demonstrations(
+          route.model, self._local(state.params), route.rollout_spec, self.tokenizer,
+          self._env_factory, [tasks[i] for i in long_idx], steps=route.engine.steps)
+      for i, d in zip(long_idx, recorded):
+        demos[i] = d
     length = route.rollout_spec.max_len
     arrays = sft_lib.demonstration_arrays(demos, length)
-    print(f"SFT: {len(demos)} expert demonstrations recorded in {time.time() - t0:.1f}s "
-          f"(mean {np.mean([d.length for d in demos]):.0f} tokens)", flush=True)
+    print(f"SFT: {len(demos)} expert demonstrations in {time.time() - t0:.1f}s "
+          f"(mean {np.mean([d.length for d in demos]):.0f} tokens; {len(long_idx)} with an "
+          f"action over max_new_tokens_per_turn, recorded through the engine)", flush=True)
     step_fn = sft_lib.make_sft_step(route.model, optimizer)
     local_batch = tc.sft_batch_size // self.info.process_count
     while extras["sft_step"] < tc.sft_steps and not self._stop.is_set():

@@ -1,7 +1,11 @@
-"""SFT warm start: the scripted expert's episodes, teacher-forced through the engine.
+"""SFT warm start: the scripted expert's episodes as token sequences.
 
-The demonstrations are recorded by the rollout engine itself (ReplayTeacher),
-so their token layout is exactly what the policy will see and emit during RL.
+`render_demonstrations` lays each expert episode out with the rollout engine's
+rules (prompt, then per turn: action + end_turn with loss mask 1, tool turn +
+assistant header with mask 0; the same turn and token budgets). It needs no
+model, so it is fast; `record_demonstrations` teacher-forces the same actions
+through the engine itself (ReplayTeacher) and is the reference the renderer is
+tested against token for token.
 The loss is next-token cross-entropy on the model's own tokens (loss mask 1).
 """
 
@@ -38,7 +42,72 @@ def record_demonstrations(model, params, rollout_spec, tokenizer, env_factory, t
     engine.close()
 
 
-def demonstration_arrays(trajectories: Sequence[Trajectory], length: int) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Demonstration:
+  tokens: np.ndarray  # int32 [T]
+  loss_mask: np.ndarray  # float32 [T], 1 on the model's (the expert's) tokens
+
+  @property
+  def length(self) -> int:
+    return int(self.tokens.shape[0])
+
+
+def render_demonstration(tokenizer, rollout_spec, first_observation: str,
+                         turns: Sequence[tuple[str, str]], system_prompt: str = ""
+                         ) -> Demonstration | None:
+  """One expert episode with the engine's token layout; None if the engine would cut an action.
+
+  An action longer than max_new_tokens_per_turn would be truncated before the env saw it, so
+  the recorded observations would no longer follow: such episodes are not demonstrations.
+  """
+  spec = rollout_spec
+  prompt_turns = ([("system", system_prompt)] if system_prompt else []) + \
+      [("user", first_observation)]
+  tokens = list(tokenizer.render_conversation(prompt_turns, add_generation_prompt=True))
+  mask = [0.0] * len(tokens)
+  limit = spec.token_limit
+  if len(tokens) + 1 > limit:
+    raise ValueError(f"the prompt has {len(tokens)} tokens, leaving no room for a generated "
+                     f"token within {limit} ({spec.token_limit_reason}).")
+  for n, (action, observation) in enumerate(turns, 1):
+    ids = list(tokenizer.encode(action, parse_special=True)) + [tokenizer.end_turn_id]
+    if len(ids) > spec.max_new_tokens_per_turn:
+      return None
+    for i, tok in enumerate(ids):
+      tokens.append(tok)
+      mask.append(1.0)
+      if i + 1 < len(ids) and len(tokens) >= limit:  # The engine ends mid-turn here.
+        return Demonstration(np.asarray(tokens, np.int32), np.asarray(mask, np.float32))
+    last = n == len(turns)  # The expert's last action ends the episode (submit).
+    if last or n >= spec.max_turns:
+      break
+    context = list(tokenizer.render_turn("tool", observation)) + tokenizer.generation_prompt()
+    if len(tokens) + len(context) + 1 > limit:
+      break
+    tokens.extend(context)
+    mask.extend([0.0] * len(context))
+  return Demonstration(np.asarray(tokens, np.int32), np.asarray(mask, np.float32))
+
+
+def render_demonstrations(tokenizer, rollout_spec, env_factory, tasks, system_prompt: str = ""
+                          ) -> list[Demonstration | None]:
+  """The expert plays every task on fresh envs; None where an action exceeds the turn's cap
+  (the engine would truncate it: record those with `record_demonstrations`)."""
+  results = {}
+
+  def play(env, task):
+    r = expert.play_expert(env, task)
+    prompt = getattr(env, "system_prompt", None) or system_prompt
+    results[id(task)] = (r.first_observation, r.turns, prompt)
+    return r
+
+  teacher_lib.record_expert_actions(tasks, env_factory, play)
+  return [render_demonstration(tokenizer, rollout_spec, first, turns, prompt)
+          for first, turns, prompt in (results[id(t)] for t in tasks)]
+
+
+def demonstration_arrays(trajectories: Sequence[Trajectory | Demonstration], length: int
+                         ) -> dict:
   """Pads demonstrations to `length`: tokens, positions (-1 on padding), loss mask."""
   b = len(trajectories)
   tokens = np.zeros((b, length), np.int32)

@@ -1,0 +1,78 @@
+"""The fast demonstration renderer against the engine's teacher-forced recording."""
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from agentic_rl.envs import config as env_config_lib
+from agentic_rl.envs import datasets
+from agentic_rl.envs import swe_env
+from agentic_rl.model import config as model_config_lib
+from agentic_rl.model import transformer
+from agentic_rl.rollout import config as rollout_config_lib
+from agentic_rl.rollout import tokenizer as tokenizer_lib
+from agentic_rl.train import sft
+from configs import quickstart
+
+_BPE = os.path.join(os.path.dirname(quickstart.__file__), "tokenizers", "swe_bpe_1k.json")
+
+
+def _setup(tier, tokenizer_kind, **rollout):
+  cfg = quickstart.get_config()
+  if tokenizer_kind == "bpe":
+    cfg.tokenizer.kind, cfg.tokenizer.path, cfg.model.vocab_size = "hf", _BPE, 1024
+  else:
+    cfg.tokenizer.kind, cfg.tokenizer.path, cfg.model.vocab_size = "byte", "", 320
+  cfg.model.d_model, cfg.model.num_layers, cfg.model.layer_pattern = 32, 2, "SG"
+  cfg.model.num_dense_layers = 2
+  for k, v in rollout.items():
+    cfg.rollout[k] = v
+  spec = model_config_lib.validate(cfg.model)
+  model = transformer.Model(spec)
+  rollout_spec = rollout_config_lib.validate(cfg.rollout, spec)
+  env_config = env_config_lib.validate_env_config(cfg.env)
+  env_config.default_tier = tier
+  source = datasets.SweTaskSource("train", config=env_config)
+  tasks = [source[i] for i in range(4)]
+  factory = lambda: swe_env.SweEnv(env_config)
+  return model, rollout_spec, tokenizer_lib.make_tokenizer(cfg.tokenizer), factory, tasks
+
+
+@pytest.mark.parametrize("tier,tokenizer_kind,rollout", [
+    ("tiny", "bpe", {}),
+    ("easy", "bpe", {}),
+    ("tiny", "byte", {"max_new_tokens_per_turn": 64, "max_len": 1024}),
+    ("tiny", "bpe", {"max_turns": 3}),  # The engine's turn budget ends the episode early.
+    ("tiny", "bpe", {"max_len": 200, "prefill_chunk": 64}),  # The token budget cuts it.
+    ("tiny", "bpe", {"max_len": 120, "prefill_chunk": 32}),
+])
+def test_rendered_demonstrations_equal_the_engines_recording(tier, tokenizer_kind, rollout):
+  model, spec, tok, factory, tasks = _setup(tier, tokenizer_kind, **rollout)
+  fast = sft.render_demonstrations(tok, spec, factory, tasks, spec.system_prompt)
+  assert all(d is not None for d in fast)
+  reference = sft.record_demonstrations(model, model.init(jax.random.key(0)), spec, tok,
+                                        factory, tasks)
+  assert len(fast) == len(reference) == len(tasks)
+  for f, r in zip(fast, reference):
+    np.testing.assert_array_equal(f.tokens, r.tokens)
+    np.testing.assert_array_equal(f.loss_mask, r.loss_mask)
+    assert f.length <= spec.token_limit
+
+
+def test_an_action_the_engine_would_truncate_is_not_rendered():
+  _, spec, tok, factory, tasks = _setup("tiny", "bpe")
+  # A replace call of the tiny tier is ~15 BPE tokens; 'ls' and 'test' are 4-5.
+  demos = sft.render_demonstrations(
+      tok, dataclasses.replace(spec, max_new_tokens_per_turn=8), factory, tasks)
+  assert demos == [None] * len(tasks)
+
+
+def test_demonstration_arrays_pad_and_mark_positions():
+  d = sft.Demonstration(np.asarray([5, 6, 7], np.int32), np.asarray([0, 1, 1], np.float32))
+  arrays = sft.demonstration_arrays([d], 5)
+  np.testing.assert_array_equal(arrays["tokens_bt"], [[5, 6, 7, 0, 0]])
+  np.testing.assert_array_equal(arrays["positions_bt"], [[0, 1, 2, -1, -1]])
+  np.testing.assert_array_equal(arrays["loss_mask_bt"], [[0, 1, 1, 0, 0]])
