@@ -201,9 +201,16 @@ class Trainer:
     rng = jax.random.key_data(jax.random.key(self.base_config.seed + 1))
     return {"train": state, "rng": rng}
 
+  def sft_spec(self, route: _Route):
+    """The RL optimiser settings with SFT's learning rate, its cosine spanning the SFT steps
+    (not config.rl.optim.decay_steps, which is the RL phase's length)."""
+    tc = self.base_config.train
+    warmup = route.rl_spec.warmup_steps
+    return route.rl_spec.replace(learning_rate=tc.sft_learning_rate,
+                                 decay_steps=max(int(tc.sft_steps), warmup + 1))
+
   def _sft_optimizer(self, route: _Route):
-    sft_spec = route.rl_spec.replace(learning_rate=self.base_config.train.sft_learning_rate)
-    return train_step_lib.make_optimizer(sft_spec)
+    return train_step_lib.make_optimizer(self.sft_spec(route))
 
   def run(self) -> dict:
     start_wall = time.time()
