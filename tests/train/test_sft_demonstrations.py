@@ -76,3 +76,22 @@ def test_demonstration_arrays_pad_and_mark_positions():
   np.testing.assert_array_equal(arrays["tokens_bt"], [[5, 6, 7, 0, 0]])
   np.testing.assert_array_equal(arrays["positions_bt"], [[0, 1, 2, -1, -1]])
   np.testing.assert_array_equal(arrays["loss_mask_bt"], [[0, 1, 1, 0, 0]])
+
+
+def test_tiny_tier_bpe_config_demonstrations_fit_its_budgets():
+  """configs/tiny_tier_bpe.py: every expert episode renders whole within max_len."""
+  from configs import tiny_tier_bpe
+  cfg = tiny_tier_bpe.get_config()
+  spec = model_config_lib.validate(cfg.model)
+  rollout_spec = rollout_config_lib.validate(cfg.rollout, spec)
+  tok = tokenizer_lib.make_tokenizer(cfg.tokenizer)
+  assert tok.vocab_size <= spec.vocab_size
+  env_config = env_config_lib.validate_env_config(cfg.env)
+  source = datasets.SweTaskSource("train", config=env_config)
+  tasks = [source[i] for i in range(32)]
+  assert {t.tier for t in tasks} == {"tiny"}
+  demos = sft.render_demonstrations(tok, rollout_spec, lambda: swe_env.SweEnv(env_config), tasks,
+                                    rollout_spec.system_prompt)
+  assert all(d is not None for d in demos)  # No action over max_new_tokens_per_turn.
+  lengths = [d.length for d in demos]
+  assert max(lengths) < rollout_spec.token_limit, lengths  # None cut by the token budget.
