@@ -1,10 +1,10 @@
 """The quickstart agent on the tiny tier with the SWE BPE tokenizer: the setting where SFT generalises.
 
-One tested function with one bug; BPE (vocab 1024, 2.75 bytes/token) brings an episode to
-~300 tokens, so the sliding-window layers (128 tokens) see the viewed module when the policy
-writes the repair. 1500 SFT steps (~22 min on 2 CPU cores) reach token accuracy 1.00 and a
-held-out pass@1 at T=1 of 0.34 (16 tasks x 2 samples); 40 RL steps from there (~8.5 min)
-measured 0.41 (32 tasks x 2 samples).
+One tested function with one bug; BPE (vocab 1024, 2.75 bytes/token) brings an expert
+episode to ~370 tokens, so the sliding-window layers (128 tokens) see the viewed module when
+the policy writes the repair. 1500 SFT steps (~22 min on 2 CPU cores) reach token accuracy
+1.00 and a held-out pass@1 at T=1 of 0.41 (32 tasks x 2 samples). 40 RL steps from there
+(~8.5 min) did not raise it measurably: 0.41-0.42 on the same held-out tasks.
 
     python -m launch.train --config configs/tiny_tier_bpe.py --workdir /tmp/tiny_bpe
     # RL only, from an SFT run's workdir (copy its last checkpoint into a fresh workdir):

@@ -12,7 +12,7 @@ added tokens; it shortens SWE trajectories about 3x against bytes and makes a
 file or function name one or two ids, so copying it is one lookup.
 
 Training is deterministic for a fixed corpus; the committed file is the one
-quickstart uses (`configs/quickstart.py`), so runs do not depend on this step.
+`configs/tiny_tier_bpe.py` uses, so runs do not depend on this step.
 """
 
 from __future__ import annotations
@@ -65,15 +65,11 @@ def episode_texts(tasks_per_tier: int, env_config=None) -> list[str]:
 
 
 def _play_all(tasks, factory):
-  results = []
-
   def play(env, task):
     r = expert.play_expert(env, task)
-    results.append((task.seed, r.first_observation, r.turns))
-    return r
+    return task.seed, r.first_observation, r.turns
 
-  teacher_lib.record_expert_actions(tasks, factory, play)
-  results.sort(key=lambda x: x[0])  # Thread completion order must not change the corpus.
+  results = sorted(teacher_lib.play_on_fresh_envs(tasks, factory, play), key=lambda x: x[0])
   return [(first, turns) for _, first, turns in results]
 
 

@@ -31,6 +31,20 @@ class ReplayTeacher:
     return self.actions[self.turn - 1]
 
 
+def play_on_fresh_envs(tasks: Sequence[Any], env_factory: Callable[[], Any],
+                       play: Callable[[Any, Any], Any], *, threads: int = 8) -> list[Any]:
+  """`play(env, task)` per task, each on a fresh env closed after it; results in task order."""
+  def one(task):
+    env = env_factory()
+    try:
+      return play(env, task)
+    finally:
+      env.close()
+
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    return list(pool.map(one, tasks))
+
+
 def record_expert_actions(tasks: Sequence[Any], env_factory: Callable[[], Any],
                           play: Callable[[Any, Any], Any], *, threads: int = 8
                           ) -> list[list[str]]:
@@ -38,12 +52,5 @@ def record_expert_actions(tasks: Sequence[Any], env_factory: Callable[[], Any],
 
   Returns each task's action texts, in task order.
   """
-  def one(task):
-    env = env_factory()
-    try:
-      return [action for action, _ in play(env, task).turns]
-    finally:
-      env.close()
-
-  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-    return list(pool.map(one, tasks))
+  results = play_on_fresh_envs(tasks, env_factory, play, threads=threads)
+  return [[action for action, _ in r.turns] for r in results]

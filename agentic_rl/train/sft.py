@@ -93,17 +93,12 @@ def render_demonstrations(tokenizer, rollout_spec, env_factory, tasks, system_pr
                           ) -> list[Demonstration | None]:
   """The expert plays every task on fresh envs; None where an action exceeds the turn's cap
   (the engine would truncate it: record those with `record_demonstrations`)."""
-  results = {}
-
   def play(env, task):
     r = expert.play_expert(env, task)
     prompt = getattr(env, "system_prompt", None) or system_prompt
-    results[id(task)] = (r.first_observation, r.turns, prompt)
-    return r
+    return render_demonstration(tokenizer, rollout_spec, r.first_observation, r.turns, prompt)
 
-  teacher_lib.record_expert_actions(tasks, env_factory, play)
-  return [render_demonstration(tokenizer, rollout_spec, first, turns, prompt)
-          for first, turns, prompt in (results[id(t)] for t in tasks)]
+  return teacher_lib.play_on_fresh_envs(tasks, env_factory, play)
 
 
 def demonstration_arrays(trajectories: Sequence[Trajectory | Demonstration], length: int

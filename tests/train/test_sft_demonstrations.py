@@ -30,15 +30,20 @@ def _setup(tier, tokenizer_kind, **rollout):
   cfg.model.num_dense_layers = 2
   for k, v in rollout.items():
     cfg.rollout[k] = v
+  cfg.env.default_tier = tier
+  return _build(cfg, num_tasks=4)
+
+
+def _build(cfg, num_tasks):
+  """The model, rollout spec, tokenizer, env factory and first train tasks of `cfg`."""
   spec = model_config_lib.validate(cfg.model)
-  model = transformer.Model(spec)
   rollout_spec = rollout_config_lib.validate(cfg.rollout, spec)
   env_config = env_config_lib.validate_env_config(cfg.env)
-  env_config.default_tier = tier
   source = datasets.SweTaskSource("train", config=env_config)
-  tasks = [source[i] for i in range(4)]
+  tasks = [source[i] for i in range(num_tasks)]
   factory = lambda: swe_env.SweEnv(env_config)
-  return model, rollout_spec, tokenizer_lib.make_tokenizer(cfg.tokenizer), factory, tasks
+  return (transformer.Model(spec), rollout_spec, tokenizer_lib.make_tokenizer(cfg.tokenizer),
+          factory, tasks)
 
 
 @pytest.mark.parametrize("tier,tokenizer_kind,rollout", [
@@ -81,17 +86,10 @@ def test_demonstration_arrays_pad_and_mark_positions():
 def test_tiny_tier_bpe_config_demonstrations_fit_its_budgets():
   """configs/tiny_tier_bpe.py: every expert episode renders whole within max_len."""
   from configs import tiny_tier_bpe
-  cfg = tiny_tier_bpe.get_config()
-  spec = model_config_lib.validate(cfg.model)
-  rollout_spec = rollout_config_lib.validate(cfg.rollout, spec)
-  tok = tokenizer_lib.make_tokenizer(cfg.tokenizer)
-  assert tok.vocab_size <= spec.vocab_size
-  env_config = env_config_lib.validate_env_config(cfg.env)
-  source = datasets.SweTaskSource("train", config=env_config)
-  tasks = [source[i] for i in range(32)]
+  model, rollout_spec, tok, factory, tasks = _build(tiny_tier_bpe.get_config(), num_tasks=32)
+  assert tok.vocab_size <= model.spec.vocab_size
   assert {t.tier for t in tasks} == {"tiny"}
-  demos = sft.render_demonstrations(tok, rollout_spec, lambda: swe_env.SweEnv(env_config), tasks,
-                                    rollout_spec.system_prompt)
+  demos = sft.render_demonstrations(tok, rollout_spec, factory, tasks, rollout_spec.system_prompt)
   assert all(d is not None for d in demos)  # No action over max_new_tokens_per_turn.
   lengths = [d.length for d in demos]
   assert max(lengths) < rollout_spec.token_limit, lengths  # None cut by the token budget.
