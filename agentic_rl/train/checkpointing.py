@@ -20,13 +20,18 @@ import orbax.checkpoint as ocp
 
 class Checkpointer:
 
-  def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True):
+  def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True,
+               read_only: bool = False):
+    """`read_only` opens another run's checkpoints: nothing there is created or cleaned."""
     self.directory = os.path.abspath(directory)
+    if read_only and not os.path.isdir(self.directory):
+      raise FileNotFoundError(f"checkpoint directory {self.directory} does not exist")
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save,
-            cleanup_tmp_directories=True))
+            max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
+            enable_async_checkpointing=async_save and not read_only,
+            cleanup_tmp_directories=not read_only))
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -66,9 +71,32 @@ class Checkpointer:
           "If the config changed since it was written, start a new workdir.") from err
     return step, restored["state"], dict(restored["extras"] or {})
 
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
+
   def wait(self):
     self._manager.wait_until_finished()
 
   def close(self):
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def resolve_checkpoint(path: str) -> tuple[str, int]:
+  """(checkpoints directory, step) for a run's workdir, its checkpoints/ folder, or one
+  step folder inside it; the latest step unless a step folder is named."""
+  path = os.path.abspath(path)
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"checkpoint path {path} does not exist")
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    path = os.path.join(path, "checkpoints")
+  base = os.path.basename(path.rstrip(os.sep))
+  if base.isdigit() and os.path.isdir(os.path.join(path, "state")):
+    return os.path.dirname(path), int(base)
+  ckpt = Checkpointer(path, read_only=True)
+  steps = ckpt.all_steps()
+  ckpt.close()
+  if not steps:
+    raise FileNotFoundError(f"{path} holds no checkpoint: expected a run's workdir, its "
+                            "checkpoints/ folder or one step folder inside it")
+  return path, max(steps)

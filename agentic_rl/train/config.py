@@ -19,6 +19,10 @@ def default_train_config() -> ml_collections.ConfigDict:
   # averaged over eval_samples draws per task (the policy RL trains is the sampled one).
   c.eval_temperature = 0.0
   c.eval_samples = 1
+  # A run's workdir, checkpoints/ folder or step folder whose params start this run (e.g.
+  # an SFT run's checkpoint for an RL-only run). Read only when the workdir has no
+  # checkpoint of its own; optimiser state, step and data order start fresh. "" = none.
+  c.init_checkpoint = ""
   c.checkpoint_every = 5  # Steps between checkpoints (SFT and RL steps alike).
   c.keep_checkpoints = 3
   c.log_samples_every = 10  # Steps between sample trajectories written to TensorBoard.
@@ -85,6 +89,9 @@ def validate_train_config(c: ml_collections.ConfigDict) -> ml_collections.Config
       or c.eval_temperature < 0):
     raise ValueError(f"config.train.eval_temperature={c.eval_temperature!r}: expected a "
                      f"number >= 0 (0 = greedy).")
+  if not isinstance(c.init_checkpoint, str):
+    raise ValueError(f"config.train.init_checkpoint={c.init_checkpoint!r}: expected a path "
+                     f"string ('' = start from freshly initialised params).")
   if c.eval_temperature == 0 and c.eval_samples != 1:
     raise ValueError(f"config.train.eval_samples={c.eval_samples}: greedy evaluation "
                      f"(eval_temperature=0) draws the same episode every time; use 1.")

@@ -45,7 +45,7 @@ from agentic_rl.rollout.trajectory import to_batch
 from agentic_rl.train import config as train_config_lib
 from agentic_rl.train import distributed
 from agentic_rl.train import sft as sft_lib
-from agentic_rl.train.checkpointing import Checkpointer
+from agentic_rl.train.checkpointing import Checkpointer, resolve_checkpoint
 from agentic_rl.train.metrics_logger import MetricsLogger
 
 SOLVED_REWARD = 1.0 - 1e-9  # Solved = every test passes at submit.
@@ -181,12 +181,25 @@ class Trainer:
     tasks = [self.heldout_source[i] for i in indices]
     route.eval_engine.set_params(self._local(params), 0)
     trajs = route.eval_engine.run(tasks, task_seeds=indices)
-    local = np.asarray([t.reward for t in trajs], np.float32)
-    rewards = self._gather(local)
-    return {"heldout/solve_rate": float(np.mean(rewards >= SOLVED_REWARD)),
-            "heldout/mean_reward": float(np.mean(rewards)),
+    rewards = np.asarray([t.reward for t in trajs], np.float32)
+    solved_bk = heldout_solved_matrix([t.group_id for t in trajs], rewards, len(tasks),
+                                      route.eval_spec.group_size)
+    solved_bk = self._gather(solved_bk.reshape(-1)).reshape(-1, solved_bk.shape[1])
+    all_rewards = self._gather(rewards)
+    return {**heldout_scores(solved_bk),
+            "heldout/mean_reward": float(np.mean(all_rewards)),
             "heldout/num_tasks": int(num_tasks),
-            "heldout/episodes": int(rewards.size)}
+            "heldout/episodes": int(all_rewards.size),
+            "heldout/temperature": float(self.base_config.train.eval_temperature)}
+
+  def _eval_settings(self) -> dict:
+    tc = self.base_config.train
+    return {"heldout/num_tasks": int(tc.eval_tasks),
+            "heldout/samples_per_task": int(tc.eval_samples),
+            "heldout/temperature": float(tc.eval_temperature)}
+
+  def _same_eval_settings(self, scores: dict) -> bool:
+    return all(scores.get(k) == v for k, v in self._eval_settings().items())
 
   def _gather(self, x: np.ndarray) -> np.ndarray:
     if self.info.process_count == 1:
@@ -226,6 +239,8 @@ class Trainer:
     if self.info.process_count > 1:  # Restore onto the global mesh, replicated.
       holder = distributed.replicate(self.mesh, jax.device_get(holder))
     restored = ckpt.restore(holder, iterator)
+    if restored is None and tc.init_checkpoint:
+      holder, extras["init_checkpoint"] = self._params_from(tc.init_checkpoint, holder)
     if restored is not None:
       _, holder, extras = restored
       print(f"resumed from {ckpt.directory} at {extras['phase']} step "
@@ -257,6 +272,26 @@ class Trainer:
       print(format_summary(summary), flush=True)
     self._close()
     return summary
+
+  def _params_from(self, path: str, holder: dict) -> tuple[dict, dict]:
+    """`holder` with the params of the checkpoint at `path` (everything else as given)."""
+    directory, step = resolve_checkpoint(path)
+    source = Checkpointer(directory, read_only=True)
+    try:
+      _, restored, source_extras = source.restore(holder, step=step)
+    except RuntimeError as err:
+      raise RuntimeError(f"config.train.init_checkpoint={path!r}: {err}") from err
+    finally:
+      source.close()
+    params = restored["train"].params
+    if self.info.process_count > 1:
+      params = distributed.replicate(self.mesh, jax.device_get(params))
+    print(f"params from {directory} step {step} (phase {source_extras.get('phase')}, "
+          f"sft step {source_extras.get('sft_step')}, rl step {source_extras.get('rl_step')})",
+          flush=True)
+    provenance = {"directory": directory, "step": int(step),
+                  **{k: source_extras.get(k) for k in ("phase", "sft_step", "rl_step")}}
+    return {**holder, "train": holder["train"].replace(params=params)}, provenance
 
   def _close(self):
     self.logger.close()
@@ -347,10 +382,19 @@ class Trainer:
     state = holder["train"]
     if self.info.process_count > 1:
       state = distributed.replicate(self.mesh, jax.device_get(state))
-    if "heldout_sft" not in extras:  # No SFT phase: score the initial params.
+    start_scored_here = "heldout_sft" in extras and self._same_eval_settings(extras["heldout_sft"])
+    if not start_scored_here and extras["rl_step"] == 0:
+      # No SFT phase, or a start point scored under other eval settings (a copied or
+      # resumed checkpoint): score the params RL starts from, so the summary compares
+      # like with like.
       self._ensure_route(extras["rl_step"])
       self._evaluate_start(state.params, extras)
       self._save(ckpt, holder, iterator, extras, force=True)
+    elif not start_scored_here:
+      print("warning: the RL starting point was scored under other held-out settings "
+            f"({_eval_settings_text(extras['heldout_sft'])}) than this run's "
+            f"({_eval_settings_text(self._eval_settings())}) and RL has already moved the "
+            "params, so it cannot be re-scored; the summary flags the comparison.", flush=True)
     tracker = task_selection.PassRateTracker.from_spec(
         self._ensure_route(extras["rl_step"]).rl_spec)
     # JSON keys are strings; task ids are ints.
@@ -452,14 +496,54 @@ class Trainer:
         "heldout_solve_rate_final": final.get("heldout/solve_rate"),
         "heldout_mean_reward_sft": extras.get("heldout_sft", {}).get("heldout/mean_reward"),
         "heldout_mean_reward_final": final.get("heldout/mean_reward"),
+        "heldout_pass_at_k_sft": extras.get("heldout_sft", {}).get("heldout/pass_at_k"),
+        "heldout_pass_at_k_final": final.get("heldout/pass_at_k"),
+        "heldout_samples_per_task": final.get("heldout/samples_per_task"),
+        # False when the start and the final score came from different eval settings.
+        "heldout_comparable": self._same_eval_settings(extras.get("heldout_sft", {}))
+                              and self._same_eval_settings(final),
         "mismatch_kl_mean": float(np.mean(kl)) if kl else None,
         "mismatch_kl_max": float(np.max(kl)) if kl else None,
+        "init_checkpoint": extras.get("init_checkpoint"),
         "rl_steps": extras["rl_step"],
         "sft_steps": extras["sft_step"],
         "wall_seconds": time.time() - start_wall,
         "params_sha256": params_digest(params),
         "config": json.loads(self.base_config.to_json_best_effort()),
     }
+
+
+def _eval_settings_text(scores: dict) -> str:
+  return ", ".join(f"{k.split('/')[-1]}={scores.get(k)}" for k in
+                   ("heldout/num_tasks", "heldout/samples_per_task", "heldout/temperature"))
+
+
+def heldout_solved_matrix(task_index_n, rewards_n, num_tasks: int, samples: int) -> np.ndarray:
+  """[num_tasks, samples] of 1.0 where that sample of that task solved it (reward >= 1)."""
+  solved_bk = np.zeros((num_tasks, samples), np.float32)
+  filled = np.zeros(num_tasks, np.int64)
+  for task, reward in zip(task_index_n, rewards_n):
+    if filled[task] >= samples:
+      raise ValueError(f"held-out task {task} has more than {samples} samples")
+    solved_bk[task, filled[task]] = float(reward >= SOLVED_REWARD)
+    filled[task] += 1
+  if (filled != samples).any():
+    raise ValueError(f"held-out evaluation expected {samples} samples per task, got "
+                     f"{filled.tolist()}")
+  return solved_bk
+
+
+def heldout_scores(solved_bk: np.ndarray) -> dict:
+  """pass@1 (mean over samples) and pass@k (any of the k samples) over tasks.
+
+  pass@k - pass@1 is the headroom that sharpening the sampled policy alone can win:
+  RL that only concentrates probability on answers the policy already finds lifts
+  pass@1 at most to pass@k.
+  """
+  k = solved_bk.shape[1]
+  return {"heldout/solve_rate": float(solved_bk.mean()),
+          "heldout/pass_at_k": float(solved_bk.max(axis=1).mean()),
+          "heldout/samples_per_task": int(k)}
 
 
 def params_digest(params) -> str:
@@ -503,9 +587,10 @@ def render_trajectory(tokenizer, traj) -> str:
 
 
 def format_summary(summary: dict) -> str:
-  rows = [(k, summary[k]) for k in ("heldout_solve_rate_sft", "heldout_solve_rate_final",
-                                    "heldout_mean_reward_sft", "heldout_mean_reward_final",
-                                    "mismatch_kl_mean", "rl_steps", "wall_seconds")]
+  rows = [(k, summary.get(k)) for k in ("heldout_solve_rate_sft", "heldout_solve_rate_final",
+                                        "heldout_pass_at_k_sft", "heldout_pass_at_k_final",
+                                        "heldout_mean_reward_sft", "heldout_mean_reward_final",
+                                        "mismatch_kl_mean", "rl_steps", "wall_seconds")]
   width = max(len(k) for k, _ in rows)
   lines = ["summary"] + [f"  {k:<{width}}  {v:.4g}" if isinstance(v, float)
                          else f"  {k:<{width}}  {v}" for k, v in rows]

@@ -1,0 +1,79 @@
+"""The main job once per seed, then one table: held-out solve before and after RL.
+
+    python -m launch.seed_table --workdir /tmp/seeds --seeds 0,1 -- \
+        --config configs/tiny_tier_bpe.py --config.rl.num_steps=40
+
+Everything after `--` is passed to `python -m launch.train` unchanged; each seed runs in
+DIR/seed_N with `--config.seed=N` (a rerun resumes each seed's own checkpoints). Prints
+the table, then one JSON line with every row and whether each gain reaches --min_gain_pp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from absl import app
+from absl import flags
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "One sub-directory per seed.", required=True)
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Seeds to run.")
+_MIN_GAIN = flags.DEFINE_float("min_gain_pp", 15.0,
+                               "Held-out solve gain (percentage points) a seed must reach.")
+
+_COLUMNS = ("seed", "sft", "final", "gain_pp", "pass@k sft", "pass@k final", "kl_mean",
+            "rl_steps", "wall_s", "comparable")
+
+
+def seed_row(seed: int, summary: dict, min_gain_pp: float) -> dict:
+  """One table row from a run's summary.json."""
+  sft, final = summary["heldout_solve_rate_sft"], summary["heldout_solve_rate_final"]
+  gain = None if sft is None or final is None else 100.0 * (final - sft)
+  return {"seed": seed, "sft": sft, "final": final, "gain_pp": gain,
+          "pass@k sft": summary.get("heldout_pass_at_k_sft"),
+          "pass@k final": summary.get("heldout_pass_at_k_final"),
+          "kl_mean": summary.get("mismatch_kl_mean"), "rl_steps": summary.get("rl_steps"),
+          "wall_s": summary.get("wall_seconds"),
+          "comparable": summary.get("heldout_comparable"),
+          "meets_gain": gain is not None and gain >= min_gain_pp
+                        and bool(summary.get("heldout_comparable"))}
+
+
+def format_table(rows: list[dict]) -> str:
+  def cell(v):
+    if isinstance(v, bool) or v is None:
+      return str(v)
+    if isinstance(v, float):
+      return f"{v:.3g}" if abs(v) < 1e-3 and v else f"{v:.3f}"
+    return str(v)
+
+  cells = [list(_COLUMNS)] + [[cell(r[c]) for c in _COLUMNS] for r in rows]
+  widths = [max(len(row[i]) for row in cells) for i in range(len(_COLUMNS))]
+  return "\n".join("  ".join(v.rjust(w) for v, w in zip(row, widths)) for row in cells)
+
+
+def main(argv):
+  train_args = argv[1:]
+  if not any(a.startswith("--config") and not a.startswith("--config.") for a in train_args):
+    raise app.UsageError("pass the run's flags after --, at least --config FILE")
+  rows = []
+  for seed in (int(s) for s in _SEEDS.value):
+    workdir = os.path.join(_WORKDIR.value, f"seed_{seed}")
+    cmd = [sys.executable, "-m", "launch.train", *train_args, f"--config.seed={seed}",
+           f"--workdir={workdir}"]
+    print("running:", " ".join(cmd), flush=True)
+    done = subprocess.run(cmd)
+    if done.returncode != 0:
+      raise SystemExit(f"seed {seed}: launch.train exited with {done.returncode}; its "
+                       f"checkpoints and logs are in {workdir}")
+    with open(os.path.join(workdir, "summary.json")) as f:
+      rows.append(seed_row(seed, json.load(f), _MIN_GAIN.value))
+  print(format_table(rows))
+  print(json.dumps({"rows": rows, "min_gain_pp": _MIN_GAIN.value,
+                    "all_meet_gain": all(r["meets_gain"] for r in rows)}))
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,47 @@
+"""launch/seed_table.py: rows from hand-made summaries, and one real seed end to end."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from launch.seed_table import format_table, seed_row
+
+_CONFIG_SCRIPT = os.path.join(os.path.dirname(__file__), "tiny_config_file.py")
+
+
+def _summary(sft, final, comparable=True):
+  return {"heldout_solve_rate_sft": sft, "heldout_solve_rate_final": final,
+          "heldout_pass_at_k_sft": 0.5, "heldout_pass_at_k_final": 0.75,
+          "mismatch_kl_mean": 3e-10, "rl_steps": 40, "wall_seconds": 512.0,
+          "heldout_comparable": comparable}
+
+
+def test_rows_gain_and_threshold():
+  met = seed_row(0, _summary(0.25, 0.4375), min_gain_pp=15.0)
+  assert met["gain_pp"] == pytest.approx(18.75) and met["meets_gain"]
+  short = seed_row(1, _summary(0.25, 0.375), min_gain_pp=15.0)
+  assert short["gain_pp"] == pytest.approx(12.5) and not short["meets_gain"]
+  # A gain measured on different eval sets does not count.
+  assert not seed_row(2, _summary(0.0, 0.5, comparable=False), 15.0)["meets_gain"]
+  table = format_table([met, short]).splitlines()
+  assert table[0].split()[:4] == ["seed", "sft", "final", "gain_pp"]
+  assert table[1].split()[:4] == ["0", "0.250", "0.438", "18.750"]
+  assert "3e-10" in table[1]
+
+
+def test_one_seed_end_to_end(tmp_path):
+  out = subprocess.run(
+      [sys.executable, "-m", "launch.seed_table", f"--workdir={tmp_path}", "--seeds=3", "--",
+       f"--config={_CONFIG_SCRIPT}", "--config.rl.num_steps=1"],
+      env=dict(os.environ, PYTHONPATH=os.getcwd(), JAX_PLATFORMS="cpu"),
+      capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  report = json.loads(out.stdout.strip().splitlines()[-1])
+  (row,) = report["rows"]
+  summary = json.load(open(tmp_path / "seed_3" / "summary.json"))
+  assert summary["config"]["seed"] == 3 and row["rl_steps"] == 1
+  assert row["sft"] == summary["heldout_solve_rate_sft"]
+  assert row["final"] == summary["heldout_solve_rate_final"]
