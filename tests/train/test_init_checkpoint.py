@@ -5,19 +5,15 @@ launch/train.py: a run started from an SFT run's checkpoint, with no step of its
 must end on exactly that checkpoint's params.
 """
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from agentic_rl.train.checkpointing import Checkpointer, resolve_checkpoint
 from agentic_rl.train.loop import heldout_scores, heldout_solved_matrix
-
-_CONFIG_SCRIPT = os.path.join(os.path.dirname(__file__), "tiny_config_file.py")
+from tests.train import run_train
 
 
 def test_heldout_scores_hand_computed():
@@ -60,18 +56,11 @@ def test_resolve_checkpoint_accepts_workdir_folder_and_step(tmp_path):
 
 
 def _train(workdir, *overrides):
-  out = subprocess.run(
-      [sys.executable, "-m", "launch.train", f"--config={_CONFIG_SCRIPT}",
-       f"--workdir={workdir}", "--config.rl.num_steps=0", *overrides],
-      env=dict(os.environ, PYTHONPATH=os.getcwd(), JAX_PLATFORMS="cpu"),
-      capture_output=True, text=True, timeout=900)
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-  return json.load(open(os.path.join(workdir, "summary.json"))), out.stdout
+  return run_train.train(workdir, "--config.rl.num_steps=0", *overrides)
 
 
 def _start_scores(workdir):
-  rows = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
-  return [r for r in rows if "heldout_sft/solve_rate" in r]
+  return [r for r in run_train.metrics(workdir) if "heldout_sft/solve_rate" in r]
 
 
 def test_init_checkpoint_and_rescoring_a_copied_start(tmp_path):
@@ -98,10 +87,8 @@ def test_init_checkpoint_and_rescoring_a_copied_start(tmp_path):
 
 
 def test_init_checkpoint_errors_name_the_path(tmp_path):
-  out = subprocess.run(
-      [sys.executable, "-m", "launch.train", f"--config={_CONFIG_SCRIPT}",
-       f"--workdir={tmp_path / 'run'}", f"--config.train.init_checkpoint={tmp_path / 'nope'}"],
-      env=dict(os.environ, PYTHONPATH=os.getcwd(), JAX_PLATFORMS="cpu"),
-      capture_output=True, text=True, timeout=600)
+  out = run_train.run_module("launch.train", f"--config={run_train.TINY_CONFIG}",
+                             f"--workdir={tmp_path / 'run'}",
+                             f"--config.train.init_checkpoint={tmp_path / 'nope'}")
   assert out.returncode != 0
   assert f"{tmp_path / 'nope'} does not exist" in out.stderr

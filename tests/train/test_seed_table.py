@@ -1,15 +1,11 @@
 """launch/seed_table.py: rows from hand-made summaries, and one real seed end to end."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from launch.seed_table import format_table, seed_row
-
-_CONFIG_SCRIPT = os.path.join(os.path.dirname(__file__), "tiny_config_file.py")
+from tests.train import run_train
 
 
 def _summary(sft, final, comparable=True):
@@ -33,11 +29,8 @@ def test_rows_gain_and_threshold():
 
 
 def test_one_seed_end_to_end(tmp_path):
-  out = subprocess.run(
-      [sys.executable, "-m", "launch.seed_table", f"--workdir={tmp_path}", "--seeds=3", "--",
-       f"--config={_CONFIG_SCRIPT}", "--config.rl.num_steps=1"],
-      env=dict(os.environ, PYTHONPATH=os.getcwd(), JAX_PLATFORMS="cpu"),
-      capture_output=True, text=True, timeout=900)
+  out = run_train.run_module("launch.seed_table", f"--workdir={tmp_path}", "--seeds=3", "--",
+                             f"--config={run_train.TINY_CONFIG}", "--config.rl.num_steps=1")
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   report = json.loads(out.stdout.strip().splitlines()[-1])
   (row,) = report["rows"]

@@ -3,8 +3,9 @@
 from configs import quickstart
 
 
-def tiny_config(seed: int = 0):
-  config = quickstart.get_config()
+def tiny_config(seed: int = 0, base=None):
+  """`base` (default: quickstart) shrunk; the route configs build on quickstart too."""
+  config = quickstart.get_config() if base is None else base
   config.seed = seed
   r = config.rollout
   r.num_slots = 4
