@@ -29,7 +29,10 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
+            # Read-only managers keep and save nothing (orbax warns about any other value).
+            max_to_keep=None if read_only else max_to_keep,
+            save_interval_steps=0 if read_only else 1,
+            create=not read_only, read_only=read_only,
             enable_async_checkpointing=async_save and not read_only,
             cleanup_tmp_directories=not read_only))
 

@@ -330,10 +330,13 @@ class Trainer:
           self._env_factory, [tasks[i] for i in long_idx], steps=route.engine.steps)
       for i, d in zip(long_idx, recorded):
         demos[i] = d
-    length = route.rollout_spec.max_len
+    # Every process pads to the same length: the batch is one global array.
+    longest = int(self._gather(np.asarray([max(d.length for d in demos)], np.int64)).max())
+    length = sft_lib.padded_length(longest, route.rollout_spec.max_len)
     arrays = sft_lib.demonstration_arrays(demos, length)
     print(f"SFT: {len(demos)} expert demonstrations in {time.time() - t0:.1f}s "
-          f"(mean {np.mean([d.length for d in demos]):.0f} tokens; {len(long_idx)} with an "
+          f"(mean {np.mean([d.length for d in demos]):.0f} tokens, padded to {length}; "
+          f"{len(long_idx)} with an "
           f"action over max_new_tokens_per_turn, recorded through the engine)", flush=True)
     step_fn = sft_lib.make_sft_step(route.model, optimizer)
     local_batch = tc.sft_batch_size // self.info.process_count

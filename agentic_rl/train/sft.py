@@ -101,6 +101,16 @@ def render_demonstrations(tokenizer, rollout_spec, env_factory, tasks, system_pr
   return teacher_lib.play_on_fresh_envs(tasks, env_factory, play)
 
 
+def padded_length(longest: int, max_len: int, multiple: int = 64) -> int:
+  """The SFT batch length: the longest demonstration rounded up to `multiple`, at most
+  `max_len`. One length for the whole phase (one compile) instead of the cache capacity;
+  padding is masked out of the loss, so only the time per step changes."""
+  if longest <= 0 or max_len <= 0 or multiple <= 0:
+    raise ValueError(f"padded_length: longest={longest}, max_len={max_len}, "
+                     f"multiple={multiple}: expected positive integers")
+  return min(max_len, -(-longest // multiple) * multiple)
+
+
 def demonstration_arrays(trajectories: Sequence[Trajectory | Demonstration], length: int
                          ) -> dict:
   """Pads demonstrations to `length`: tokens, positions (-1 on padding), loss mask."""

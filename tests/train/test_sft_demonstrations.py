@@ -93,3 +93,37 @@ def test_tiny_tier_bpe_config_demonstrations_fit_its_budgets():
   assert all(d is not None for d in demos)  # No action over max_new_tokens_per_turn.
   lengths = [d.length for d in demos]
   assert max(lengths) < rollout_spec.token_limit, lengths  # None cut by the token budget.
+
+
+def test_padded_length_rounds_up_and_caps():
+  assert sft.padded_length(472, 768) == 512
+  assert sft.padded_length(512, 768) == 512
+  assert sft.padded_length(513, 768) == 576
+  assert sft.padded_length(710, 720) == 720  # Never past the cache capacity.
+  with pytest.raises(ValueError, match="positive"):
+    sft.padded_length(0, 768)
+
+
+def test_sft_step_at_the_padded_length_equals_the_full_length():
+  """Padding is masked out: the step at the tight length matches the one at max_len."""
+  from agentic_rl.rl import train_step as train_step_lib
+  from tests.rl.tiny_model import make_model, rl_spec
+
+  model, params = make_model()
+  spec = rl_spec()
+  optimizer = train_step_lib.make_optimizer(spec)
+  state = train_step_lib.init_train_state(model, params, spec)
+  state = state.replace(opt_state=optimizer.init(params))
+  rng = np.random.default_rng(0)
+  demos = [sft.Demonstration(rng.integers(1, 64, n).astype(np.int32),
+                             (rng.random(n) < 0.6).astype(np.float32)) for n in (21, 30, 9)]
+  step = sft.make_sft_step(model, optimizer)
+  results = []
+  for length in (sft.padded_length(30, 64, multiple=8), 64):  # 32 vs the model's 64.
+    batch = {k: jax.numpy.asarray(v) for k, v in sft.demonstration_arrays(demos, length).items()}
+    results.append(step(state, batch))
+  (tight, m_tight), (full, m_full) = results
+  for k in ("sft/loss", "sft/token_accuracy", "sft/moe_aux_loss", "sft/grad_norm"):
+    np.testing.assert_allclose(m_tight[k], m_full[k], rtol=1e-5, atol=1e-7, err_msg=k)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               tight.params, full.params)
