@@ -14,16 +14,13 @@ import time
 
 import pytest
 
-_CONFIG_SCRIPT = os.path.join(os.path.dirname(__file__), "tiny_config_file.py")
+from tests.train.run_train import TINY_CONFIG as _CONFIG_SCRIPT
+from tests.train.run_train import env as _env
 
 
 def _command(workdir, *overrides):
   return [sys.executable, "-m", "launch.train", f"--config={_CONFIG_SCRIPT}",
           f"--workdir={workdir}", *overrides]
-
-
-def _env():
-  return dict(os.environ, PYTHONPATH=os.getcwd(), JAX_PLATFORMS="cpu")
 
 
 def _metrics(workdir):
