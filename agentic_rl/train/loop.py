@@ -49,6 +49,8 @@ from agentic_rl.train.checkpointing import Checkpointer, resolve_checkpoint
 from agentic_rl.train.metrics_logger import MetricsLogger
 
 SOLVED_REWARD = 1.0 - 1e-9  # Solved = every test passes at submit.
+# What a held-out score depends on besides the params; scores agree only when these do.
+_EVAL_SETTING_KEYS = ("heldout/num_tasks", "heldout/samples_per_task", "heldout/temperature")
 
 
 @dataclasses.dataclass
@@ -186,7 +188,7 @@ class Trainer:
                                       route.eval_spec.group_size)
     solved_bk = self._gather(solved_bk.reshape(-1)).reshape(-1, solved_bk.shape[1])
     all_rewards = self._gather(rewards)
-    return {**heldout_scores(solved_bk),
+    return {**heldout_scores(solved_bk),  # solve_rate, pass_at_k, samples_per_task
             "heldout/mean_reward": float(np.mean(all_rewards)),
             "heldout/num_tasks": int(num_tasks),
             "heldout/episodes": int(all_rewards.size),
@@ -194,9 +196,8 @@ class Trainer:
 
   def _eval_settings(self) -> dict:
     tc = self.base_config.train
-    return {"heldout/num_tasks": int(tc.eval_tasks),
-            "heldout/samples_per_task": int(tc.eval_samples),
-            "heldout/temperature": float(tc.eval_temperature)}
+    return dict(zip(_EVAL_SETTING_KEYS, (int(tc.eval_tasks), int(tc.eval_samples),
+                                         float(tc.eval_temperature))))
 
   def _same_eval_settings(self, scores: dict) -> bool:
     return all(scores.get(k) == v for k, v in self._eval_settings().items())
@@ -239,13 +240,13 @@ class Trainer:
     if self.info.process_count > 1:  # Restore onto the global mesh, replicated.
       holder = distributed.replicate(self.mesh, jax.device_get(holder))
     restored = ckpt.restore(holder, iterator)
-    if restored is None and tc.init_checkpoint:
-      holder, extras["init_checkpoint"] = self._params_from(tc.init_checkpoint, holder)
     if restored is not None:
       _, holder, extras = restored
       print(f"resumed from {ckpt.directory} at {extras['phase']} step "
             f"{extras['sft_step'] if extras['phase'] == 'sft' else extras['rl_step']}",
             flush=True)
+    elif tc.init_checkpoint:
+      holder, extras["init_checkpoint"] = self._params_from(tc.init_checkpoint, holder)
     global_step = extras["sft_step"] + extras["rl_step"]
     self.logger = MetricsLogger(self.workdir, resume_step=global_step,
                                 enabled=self.info.is_primary)
@@ -283,9 +284,7 @@ class Trainer:
       raise RuntimeError(f"config.train.init_checkpoint={path!r}: {err}") from err
     finally:
       source.close()
-    params = restored["train"].params
-    if self.info.process_count > 1:
-      params = distributed.replicate(self.mesh, jax.device_get(params))
+    params = restored["train"].params  # Restored with `holder`'s shardings (replicated).
     print(f"params from {directory} step {step} (phase {source_extras.get('phase')}, "
           f"sft step {source_extras.get('sft_step')}, rl step {source_extras.get('rl_step')})",
           flush=True)
@@ -385,7 +384,8 @@ class Trainer:
     state = holder["train"]
     if self.info.process_count > 1:
       state = distributed.replicate(self.mesh, jax.device_get(state))
-    start_scored_here = "heldout_sft" in extras and self._same_eval_settings(extras["heldout_sft"])
+    start_scored_here = ("heldout_sft" in extras
+                         and self._same_eval_settings(extras["heldout_sft"]))
     if not start_scored_here and extras["rl_step"] == 0:
       # No SFT phase, or a start point scored under other eval settings (a copied or
       # resumed checkpoint): score the params RL starts from, so the summary compares
@@ -517,8 +517,7 @@ class Trainer:
 
 
 def _eval_settings_text(scores: dict) -> str:
-  return ", ".join(f"{k.split('/')[-1]}={scores.get(k)}" for k in
-                   ("heldout/num_tasks", "heldout/samples_per_task", "heldout/temperature"))
+  return ", ".join(f"{k.split('/')[-1]}={scores.get(k)}" for k in _EVAL_SETTING_KEYS)
 
 
 def heldout_solved_matrix(task_index_n, rewards_n, num_tasks: int, samples: int) -> np.ndarray:

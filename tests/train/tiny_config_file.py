@@ -12,8 +12,8 @@ def get_config(route: str = ""):
   """`--config=tiny_config_file.py:route_a` (or `:route_b`) shrinks that route's config."""
   if not route:
     return tiny_config()
-  if route not in ("route_a", "route_b"):
-    raise ValueError(f"unknown route {route!r}: expected route_a or route_b")
-  import importlib
-  module = importlib.import_module(f"configs.{route}_{'consistency' if route == 'route_a' else 'throughput'}")
-  return tiny_config(base=module.get_config())
+  from configs import route_a_consistency, route_b_throughput
+  routes = {"route_a": route_a_consistency, "route_b": route_b_throughput}
+  if route not in routes:
+    raise ValueError(f"unknown route {route!r}: expected one of {sorted(routes)}")
+  return tiny_config(base=routes[route].get_config())
