@@ -44,11 +44,12 @@ from agentic_rl.rollout import tokenizer as tokenizer_lib
 from agentic_rl.rollout.trajectory import to_batch
 from agentic_rl.train import config as train_config_lib
 from agentic_rl.train import distributed
+from agentic_rl.train.evaluation import (episode_rates, heldout_scores,
+                                         heldout_solved_matrix, pass_at_k_curve)
 from agentic_rl.train import sft as sft_lib
 from agentic_rl.train.checkpointing import Checkpointer, resolve_checkpoint
 from agentic_rl.train.metrics_logger import MetricsLogger
 
-SOLVED_REWARD = 1.0 - 1e-9  # Solved = every test passes at submit.
 # What a held-out score depends on besides the params; scores agree only when these do.
 _EVAL_SETTING_KEYS = ("heldout/num_tasks", "heldout/samples_per_task", "heldout/temperature")
 
@@ -178,6 +179,15 @@ class Trainer:
   # -- evaluation ----------------------------------------------------------------------
 
   def evaluate(self, params, num_tasks: int) -> dict:
+    solved_bk, rewards = self._heldout_solved(params, num_tasks)
+    return {**heldout_scores(solved_bk),  # solve_rate, pass_at_k, samples_per_task
+            "heldout/mean_reward": float(np.mean(rewards)),
+            "heldout/num_tasks": int(num_tasks),
+            "heldout/episodes": int(rewards.size),
+            "heldout/temperature": float(self.base_config.train.eval_temperature)}
+
+  def _heldout_solved(self, params, num_tasks: int) -> tuple[np.ndarray, np.ndarray]:
+    """([num_tasks, eval_samples] solved matrix, every episode's reward), all processes."""
     route = self._route
     indices = [i for i in distributed.shard_indices(num_tasks, self.info)]
     tasks = [self.heldout_source[i] for i in indices]
@@ -187,12 +197,28 @@ class Trainer:
     solved_bk = heldout_solved_matrix([t.group_id for t in trajs], rewards, len(tasks),
                                       route.eval_spec.group_size)
     solved_bk = self._gather(solved_bk.reshape(-1)).reshape(-1, solved_bk.shape[1])
-    all_rewards = self._gather(rewards)
-    return {**heldout_scores(solved_bk),  # solve_rate, pass_at_k, samples_per_task
-            "heldout/mean_reward": float(np.mean(all_rewards)),
-            "heldout/num_tasks": int(num_tasks),
-            "heldout/episodes": int(all_rewards.size),
-            "heldout/temperature": float(self.base_config.train.eval_temperature)}
+    return solved_bk, self._gather(rewards)
+
+  def evaluate_checkpoint(self, path: str) -> dict:
+    """Held-out scores of the params saved at `path` (a workdir, its checkpoints/ folder
+    or one step folder) under this config's eval settings, with the pass@k curve."""
+    route = self._ensure_route(0)
+    holder = self._init_state(route)
+    if self.info.process_count > 1:
+      holder = distributed.replicate(self.mesh, jax.device_get(holder))
+    holder, provenance = self._params_from(path, holder)
+    num_tasks = int(self.base_config.train.eval_tasks)
+    t0 = time.time()
+    solved_bk, rewards = self._heldout_solved(holder["train"].params, num_tasks)
+    curve = pass_at_k_curve(solved_bk)
+    samples = solved_bk.shape[1]
+    return {"checkpoint": provenance,
+            **self._eval_settings(),
+            "pass_at_k": {str(k): v for k, v in curve.items()},
+            "sharpening_headroom": curve[samples] - curve[1],
+            "mean_reward": float(np.mean(rewards)),
+            "solves_per_task": solved_bk.sum(axis=1).round().astype(int).tolist(),
+            "seconds": time.time() - t0}
 
   def _eval_settings(self) -> dict:
     tc = self.base_config.train
@@ -260,7 +286,7 @@ class Trainer:
     if self._stop.is_set():
       ckpt.close()
       print("SIGTERM: checkpoint saved, exiting.", flush=True)
-      self._close()
+      self.close()
       return {"interrupted": True, **{k: extras[k] for k in ("phase", "sft_step", "rl_step")}}
     ckpt.close()
     summary = self._summary(extras, start_wall, holder["train"].params)
@@ -271,7 +297,7 @@ class Trainer:
       with open(os.path.join(self.workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
       print(format_summary(summary), flush=True)
-    self._close()
+    self.close()
     return summary
 
   def _params_from(self, path: str, holder: dict) -> tuple[dict, dict]:
@@ -292,10 +318,13 @@ class Trainer:
                   **{k: source_extras.get(k) for k in ("phase", "sft_step", "rl_step")}}
     return {**holder, "train": holder["train"].replace(params=params)}, provenance
 
-  def _close(self):
-    self.logger.close()
-    self._route.engine.close()
-    self._route.eval_engine.close()
+  def close(self):
+    """Closes the logs, the engines' sandboxes and the audit log."""
+    if self.logger is not None:
+      self.logger.close()
+    if self._route is not None:
+      self._route.engine.close()
+      self._route.eval_engine.close()
     self.audit.close()
 
   def _save(self, ckpt, holder, iterator, extras, *, force=False):
@@ -450,8 +479,10 @@ class Trainer:
       rewards = self._gather(np.asarray([t.reward for t in trajs], np.float64))
       tool_stats = _tool_statistics(trajs)
       logged = {**metrics,
-                "rollout/reward_mean": float(rewards.mean()),
-                "rollout/solve_rate": float(np.mean(rewards >= SOLVED_REWARD)),
+                # Every episode sampled this step, the uniform groups dynamic sampling
+                # dropped included; batch/* is the part the learner trained on.
+                **episode_rates("rollout", all_outcomes[:, 1]),
+                **episode_rates("batch", rewards),
                 "rollout/generated_tokens": gen_tokens,
                 "rollout/tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
                 "rollout/seconds": rollout_s,
@@ -518,34 +549,6 @@ class Trainer:
 
 def _eval_settings_text(scores: dict) -> str:
   return ", ".join(f"{k.split('/')[-1]}={scores.get(k)}" for k in _EVAL_SETTING_KEYS)
-
-
-def heldout_solved_matrix(task_index_n, rewards_n, num_tasks: int, samples: int) -> np.ndarray:
-  """[num_tasks, samples] of 1.0 where that sample of that task solved it (reward >= 1)."""
-  solved_bk = np.zeros((num_tasks, samples), np.float32)
-  filled = np.zeros(num_tasks, np.int64)
-  for task, reward in zip(task_index_n, rewards_n):
-    if filled[task] >= samples:
-      raise ValueError(f"held-out task {task} has more than {samples} samples")
-    solved_bk[task, filled[task]] = float(reward >= SOLVED_REWARD)
-    filled[task] += 1
-  if (filled != samples).any():
-    raise ValueError(f"held-out evaluation expected {samples} samples per task, got "
-                     f"{filled.tolist()}")
-  return solved_bk
-
-
-def heldout_scores(solved_bk: np.ndarray) -> dict:
-  """pass@1 (mean over samples) and pass@k (any of the k samples) over tasks.
-
-  pass@k - pass@1 is the headroom that sharpening the sampled policy alone can win:
-  RL that only concentrates probability on answers the policy already finds lifts
-  pass@1 at most to pass@k.
-  """
-  k = solved_bk.shape[1]
-  return {"heldout/solve_rate": float(solved_bk.mean()),
-          "heldout/pass_at_k": float(solved_bk.max(axis=1).mean()),
-          "heldout/samples_per_task": int(k)}
 
 
 def params_digest(params) -> str:

@@ -1,10 +1,11 @@
 """Starting a run from another run's checkpoint, and scoring the RL start like for like.
 
-The held-out scores are checked against hand-computed values; the init path by running
-launch/train.py: a run started from an SFT run's checkpoint, with no step of its own,
-must end on exactly that checkpoint's params.
+By running launch/train.py: a run started from an SFT run's checkpoint, with no step of
+its own, must end on exactly that checkpoint's params; launch/evaluate.py on that
+checkpoint must reproduce the run's own held-out scores.
 """
 
+import json
 import os
 import shutil
 
@@ -12,27 +13,7 @@ import numpy as np
 import pytest
 
 from agentic_rl.train.checkpointing import Checkpointer, resolve_checkpoint
-from agentic_rl.train.loop import heldout_scores, heldout_solved_matrix
 from tests.train import run_train
-
-
-def test_heldout_scores_hand_computed():
-  # 3 tasks x 2 samples, trajectories in any order: task 0 solved once, task 1 never,
-  # task 2 twice (a reward just under 1 is a partial pass, not a solve).
-  solved = heldout_solved_matrix([2, 0, 1, 0, 2, 1], [1.0, 0.5, 0.0, 1.0, 1.0, 0.999],
-                                 num_tasks=3, samples=2)
-  np.testing.assert_array_equal(solved, [[0, 1], [0, 0], [1, 1]])
-  scores = heldout_scores(solved)
-  assert scores["heldout/solve_rate"] == pytest.approx(3 / 6)
-  assert scores["heldout/pass_at_k"] == pytest.approx(2 / 3)
-  assert scores["heldout/samples_per_task"] == 2
-
-
-def test_heldout_solved_matrix_rejects_a_wrong_sample_count():
-  with pytest.raises(ValueError, match="expected 2 samples per task"):
-    heldout_solved_matrix([0, 0, 1], [1.0, 1.0, 1.0], num_tasks=2, samples=2)
-  with pytest.raises(ValueError, match="more than 1 samples"):
-    heldout_solved_matrix([0, 0], [1.0, 0.0], num_tasks=1, samples=1)
 
 
 def test_resolve_checkpoint_accepts_workdir_folder_and_step(tmp_path):
@@ -67,6 +48,18 @@ def test_init_checkpoint_and_rescoring_a_copied_start(tmp_path):
   sft_dir = str(tmp_path / "sft")
   sft, _ = _train(sft_dir)  # tiny config: 2 SFT steps, scored on 2 held-out tasks.
   assert sft["heldout_comparable"]
+
+  # launch/evaluate.py on the saved params, same eval settings: the run's own scores.
+  out = run_train.run_module("launch.evaluate", f"--config={run_train.TINY_CONFIG}",
+                             f"--checkpoint={sft_dir}", f"--workdir={tmp_path / 'eval'}")
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  scored = json.loads(out.stdout.strip().splitlines()[-1])
+  samples = scored["heldout/samples_per_task"]
+  assert scored["checkpoint"]["step"] == 2
+  assert scored["pass_at_k"]["1"] == pytest.approx(sft["heldout_solve_rate_sft"])
+  assert scored["pass_at_k"][str(samples)] == pytest.approx(sft["heldout_pass_at_k_sft"])
+  assert scored["mean_reward"] == pytest.approx(sft["heldout_mean_reward_sft"])
+  assert len(scored["solves_per_task"]) == scored["heldout/num_tasks"]
 
   # RL-only run from the SFT run's workdir, scored on 3 tasks: with no step of its own it
   # ends on exactly the SFT params, and records where they came from.

@@ -16,6 +16,8 @@ def test_route_a_reports_mismatch_kl_under_1e6(tmp_path):
   assert summary["config"]["rl"]["advantage"]["estimator"] == "gae"
   assert len(rl) == 2 and summary["mismatch_kl_mean"] < 1e-6
   assert all(r["mismatch/routing_agreement"] == 1.0 for r in rl)
+  # rollout/* counts every sampled episode, batch/* the groups the learner kept (2 x 2).
+  assert all(r["batch/episodes"] == 4 and r["rollout/episodes"] >= 4 for r in rl)
 
 
 def test_route_b_mismatch_then_switch_to_route_a(tmp_path):
