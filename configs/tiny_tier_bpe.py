@@ -4,8 +4,10 @@ One tested function with one bug; BPE (vocab 1024, 2.75 bytes/token) brings an e
 episode to ~370 tokens, so the sliding-window layers (128 tokens) see the viewed module when
 the policy writes the repair. 1500 SFT steps (~17 min on 2 CPU cores: 0.66 s a step with
 batches padded to the longest demonstration, 512 tokens) reach token accuracy 1.00 and a
-held-out pass@1 at T=1 of 0.39-0.41 (32 tasks), pass@4 0.50, greedy 0.44. 40 RL steps from
-there (6-7 min) moved pass@1 by +0.0 and +4.7 points for seeds 0 and 1 (launch/seed_table).
+held-out pass@1 at T=1 of 0.39-0.42 (32 tasks), pass@4 0.54, pass@16 0.625, greedy 0.44
+(launch/evaluate): sharpening alone can win at most ~20 points. 40 RL steps from there
+(6-7 min) moved pass@1 by +0.0 and +4.7 points for seeds 0 and 1 (launch/seed_table); at
+rl.optim.learning_rate=3e-3 the policy collapses by step 12 to ls/test/submit (partial credit).
 
     python -m launch.train --config configs/tiny_tier_bpe.py --workdir /tmp/tiny_bpe
     # RL only, from an SFT run (its workdir, checkpoints/ folder or one step folder):
@@ -14,6 +16,9 @@ there (6-7 min) moved pass@1 by +0.0 and +4.7 points for seeds 0 and 1 (launch/s
     # The same for seeds 0 and 1, with the before/after table:
     python -m launch.seed_table --workdir DIR --seeds 0,1 -- --config configs/tiny_tier_bpe.py \
         --config.train.sft_steps=0 --config.train.init_checkpoint=/tmp/tiny_bpe
+    # The start point's pass@k curve (what RL can sharpen):
+    python -m launch.evaluate --config configs/tiny_tier_bpe.py --checkpoint /tmp/tiny_bpe \
+        --config.train.eval_samples=16 --workdir DIR
 """
 
 import os
