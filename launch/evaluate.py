@@ -30,7 +30,7 @@ def main(argv):
   from agentic_rl.train.loop import Trainer  # After flag parsing: --help stays fast.
   trainer = Trainer(_CONFIG.value, _WORKDIR.value)
   try:
-    result = trainer.evaluate_checkpoint(_CHECKPOINT.value)
+    result = trainer.evaluate_checkpoint(_CHECKPOINT.value, source="--checkpoint")
   finally:
     trainer.close()
   if trainer.info.is_primary:

@@ -199,14 +199,15 @@ class Trainer:
     solved_bk = self._gather(solved_bk.reshape(-1)).reshape(-1, solved_bk.shape[1])
     return solved_bk, self._gather(rewards)
 
-  def evaluate_checkpoint(self, path: str) -> dict:
+  def evaluate_checkpoint(self, path: str, source: str = "checkpoint") -> dict:
     """Held-out scores of the params saved at `path` (a workdir, its checkpoints/ folder
-    or one step folder) under this config's eval settings, with the pass@k curve."""
+    or one step folder) under this config's eval settings, with the pass@k curve.
+    `source` names where `path` came from in errors (e.g. a flag)."""
     route = self._ensure_route(0)
     holder = self._init_state(route)
     if self.info.process_count > 1:
       holder = distributed.replicate(self.mesh, jax.device_get(holder))
-    holder, provenance = self._params_from(path, holder)
+    holder, provenance = self._params_from(path, holder, source)
     num_tasks = int(self.base_config.train.eval_tasks)
     t0 = time.time()
     solved_bk, rewards = self._heldout_solved(holder["train"].params, num_tasks)
@@ -272,7 +273,8 @@ class Trainer:
             f"{extras['sft_step'] if extras['phase'] == 'sft' else extras['rl_step']}",
             flush=True)
     elif tc.init_checkpoint:
-      holder, extras["init_checkpoint"] = self._params_from(tc.init_checkpoint, holder)
+      holder, extras["init_checkpoint"] = self._params_from(
+          tc.init_checkpoint, holder, "config.train.init_checkpoint")
     global_step = extras["sft_step"] + extras["rl_step"]
     self.logger = MetricsLogger(self.workdir, resume_step=global_step,
                                 enabled=self.info.is_primary)
@@ -300,16 +302,17 @@ class Trainer:
     self.close()
     return summary
 
-  def _params_from(self, path: str, holder: dict) -> tuple[dict, dict]:
-    """`holder` with the params of the checkpoint at `path` (everything else as given)."""
+  def _params_from(self, path: str, holder: dict, source: str) -> tuple[dict, dict]:
+    """`holder` with the params of the checkpoint at `path` (everything else as given);
+    `source` (the config field or flag `path` came from) prefixes restore errors."""
     directory, step = resolve_checkpoint(path)
-    source = Checkpointer(directory, read_only=True)
+    reader = Checkpointer(directory, read_only=True)
     try:
-      _, restored, source_extras = source.restore(holder, step=step)
+      _, restored, source_extras = reader.restore(holder, step=step)
     except RuntimeError as err:
-      raise RuntimeError(f"config.train.init_checkpoint={path!r}: {err}") from err
+      raise RuntimeError(f"{source}={path!r}: {err}") from err
     finally:
-      source.close()
+      reader.close()
     params = restored["train"].params  # Restored with `holder`'s shardings (replicated).
     print(f"params from {directory} step {step} (phase {source_extras.get('phase')}, "
           f"sft step {source_extras.get('sft_step')}, rl step {source_extras.get('rl_step')})",

@@ -60,6 +60,12 @@ def test_init_checkpoint_and_rescoring_a_copied_start(tmp_path):
   assert scored["pass_at_k"][str(samples)] == pytest.approx(sft["heldout_pass_at_k_sft"])
   assert scored["mean_reward"] == pytest.approx(sft["heldout_mean_reward_sft"])
   assert len(scored["solves_per_task"]) == scored["heldout/num_tasks"]
+  # A checkpoint of another model: the error names the flag and the path.
+  out = run_train.run_module("launch.evaluate", f"--config={run_train.TINY_CONFIG}",
+                             f"--checkpoint={sft_dir}", f"--workdir={tmp_path / 'eval2'}",
+                             "--config.model.d_ff=96")
+  assert out.returncode != 0
+  assert f"--checkpoint={sft_dir!r}" in out.stderr, out.stderr[-3000:]
 
   # RL-only run from the SFT run's workdir, scored on 3 tasks: with no step of its own it
   # ends on exactly the SFT params, and records where they came from.
