@@ -13,6 +13,7 @@ from __future__ import annotations
 import ml_collections
 
 ISOLATION_LEVELS = ("auto", "bubblewrap", "fallback")
+PER_CALL_NAMESPACES = ("auto", "off")
 BUDGET_END_REWARDS = ("zero", "tests_fraction")
 BUG_FAMILIES = (
     "wrong_constant",
@@ -72,7 +73,13 @@ def default_env_config() -> ml_collections.ConfigDict:
   c.sandbox.isolation = "auto"  # bubblewrap when it works here, else fallback.
   c.sandbox.timeout_s = 5.0  # Wall clock per command; the whole process tree is killed.
   c.sandbox.cpu_s = 5  # RLIMIT_CPU per process.
-  c.sandbox.memory_mb = 512  # RLIMIT_AS per process.
+  c.sandbox.memory_mb = 512  # Per process: RLIMIT_AS plus what /tmp and /dev/shm may hold.
+  c.sandbox.tmpfs_mb = 32  # Size of the sandbox's /tmp (a tmpfs under bubblewrap) ...
+  c.sandbox.shm_mb = 8  # ... and of /dev/shm; both are taken off RLIMIT_AS.
+  c.sandbox.disk_quota_mb = 16  # Per episode: bytes the workspace may hold in total ...
+  c.sandbox.max_files = 2048  # ... and files plus directories (a tmpfs per workspace; root).
+  c.sandbox.max_reply_bytes = 1_048_576  # A graded run's reply; a larger one fails the run.
+  c.sandbox.max_value_chars = 4096  # One returned value's encoded size; larger never matches.
   c.sandbox.file_size_mb = 8  # RLIMIT_FSIZE.
   c.sandbox.max_processes = 32  # RLIMIT_NPROC (enforced through a per-sandbox uid).
   c.sandbox.max_open_files = 64  # RLIMIT_NOFILE.
@@ -81,6 +88,9 @@ def default_env_config() -> ml_collections.ConfigDict:
   c.sandbox.uid_base = 200_000  # When run as root, each sandbox runs as its own uid ...
   c.sandbox.uid_count = 4096  # ... drawn from [uid_base, uid_base + uid_count).
   c.sandbox.python = "auto"  # Interpreter inside the sandbox; "auto" picks one it can run.
+  # Each call in fresh user/pid/mount/IPC namespaces when the kernel allows ("auto"), or
+  # never ("off": leftovers are then found by uid; for kernels that refuse, and for tests).
+  c.sandbox.per_call_namespaces = "auto"
   c.sandbox.workspace_root = ""  # Parent of the per-episode workspaces; "" = system temp.
 
   c.splits = ml_collections.ConfigDict()
@@ -160,12 +170,27 @@ def validate_env_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDi
   _check_int(c, "sandbox.cpu_s", 1)
   _check_int(c, "sandbox.memory_mb", 32)
   _check_int(c, "sandbox.file_size_mb", 1)
+  _check_int(c, "sandbox.tmpfs_mb", 1)
+  _check_int(c, "sandbox.shm_mb", 1)
+  if s.tmpfs_mb + s.shm_mb > s.memory_mb - 64:
+    _fail("sandbox.tmpfs_mb", s.tmpfs_mb,
+          f"tmpfs_mb + shm_mb (= {s.tmpfs_mb + s.shm_mb}) <= memory_mb - 64 "
+          f"(= {s.memory_mb - 64}): they come out of the memory budget")
+  _check_int(c, "sandbox.disk_quota_mb", 1, 1 << 20)
+  if s.disk_quota_mb < s.file_size_mb:
+    _fail("sandbox.disk_quota_mb", s.disk_quota_mb, f">= file_size_mb ({s.file_size_mb})")
+  _check_int(c, "sandbox.max_files", 16, 1 << 24)
+  _check_int(c, "sandbox.max_reply_bytes", 4096)
+  _check_int(c, "sandbox.max_value_chars", 64)
   _check_int(c, "sandbox.max_processes", 2, 100_000)
   _check_int(c, "sandbox.max_open_files", 16)
   _check_int(c, "sandbox.capture_bytes", 1024)
   _check_int(c, "sandbox.output_kill_bytes", s.capture_bytes)
   _check_int(c, "sandbox.uid_base", 1000, 2**31 - 1)
   _check_int(c, "sandbox.uid_count", 1, 2**31 - 1 - s.uid_base)
+  if s.per_call_namespaces not in PER_CALL_NAMESPACES:
+    _fail("sandbox.per_call_namespaces", s.per_call_namespaces,
+          f"one of {PER_CALL_NAMESPACES}")
   if not isinstance(s.python, str) or not s.python:
     _fail("sandbox.python", s.python, '"auto" or the path of a python3 interpreter')
   if not isinstance(s.workspace_root, str):

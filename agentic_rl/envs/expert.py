@@ -28,7 +28,7 @@ import dataclasses
 import re
 
 from agentic_rl.envs import mutations
-from agentic_rl.envs.sandbox_server import plain_equal
+from agentic_rl.envs.grading import plain_equal
 from agentic_rl.envs.tool_call import format_tool_call
 
 _LS_RE = re.compile(r"^(\S+) \((\d+) lines\)$")
@@ -139,7 +139,7 @@ def _passes(fn_source: str, name: str, cases) -> bool:
     fn = ns[name]
     for args, want in cases:
       args = tuple(list(a) if isinstance(a, list) else a for a in args)
-      if not plain_equal(fn(*args), want):  # What the sandbox's runner checks.
+      if not plain_equal(fn(*args), want):  # What the grader checks.
         return False
   except Exception:
     return False

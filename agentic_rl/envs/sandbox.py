@@ -20,23 +20,29 @@ even processes that left their process group (a fork bomb cannot outrun it:
 the kernel signals them all under one lock).
 
 Code runs through `request(payload)`: the episode's fork server
-(sandbox_server.py) imports the stdlib once, and each request runs in a fresh
-forked child. After a timeout or too much output the request's processes are
-killed (in the fallback with a uid drop, all but the server, which then reaps
-them and carries on; elsewhere the whole sandbox, and the next request starts
-a new server). A crash, or any process surviving its request, also ends the
-whole sandbox. Where survivors cannot be detected (fallback without the uid
-drop) the server is killed after every request.
-A wall-clock timeout kills the whole process tree. Output is captured up to a
-bound (head and tail of each stream) and a command writing more than
-`output_kill_bytes` is killed.
+(sandbox_server.py) imports the stdlib once, and each request runs in fresh
+user, pid, mount and IPC namespaces of its own (where the kernel allows): its
+init's exit kills everything the request started before the server answers,
+it sees a private /proc, and a graded run imports a read-only copy of the
+module alone. The server answers on a control pipe no request process holds,
+so printed output cannot end a call. After a timeout or too much output the
+request's processes are killed (in the fallback with a uid drop, all but the
+server, which then reaps them and carries on; elsewhere the whole sandbox,
+and the next request starts a new server). A crash, or, without per-call
+namespaces, any process surviving its request, also ends the whole sandbox.
+Where survivors cannot be detected (fallback without the uid drop) the server
+is killed after every request. Output is captured up to a bound (head and
+tail of each stream) and a command writing more than `output_kill_bytes` is
+killed. Under bubblewrap /tmp and /dev/shm are sized tmpfs, /dev is
+read-only, and what they may hold comes off RLIMIT_AS; run as root, the
+workspace is a tmpfs of the episode's disk quota (workspace.py).
 
-Limits of the fallback, by construction: without a mount namespace, the
-sandbox can read world-readable host files and write world-writable
-directories (/tmp); without the uid drop (host not root) RLIMIT_NPROC is set
-relative to the uid's current process count, processes that leave the
-process group are not swept and a signal to the host's pid is not stopped.
-bubblewrap has none of these gaps.
+What each level cannot give here is logged at the probe (`missing_guarantees`,
+also tabled in WORKSPACE.md): the fallback has no mount namespace (host files
+readable, the host's /tmp, the host's workspace path); a host that is not
+root has no uid drop and no disk quota; a kernel that refuses nested user
+namespaces has no per-call pid namespace. Bubblewrap as root has none of
+these gaps.
 """
 
 from __future__ import annotations
@@ -61,16 +67,29 @@ import ml_collections
 
 from agentic_rl.envs import sandbox_server
 from agentic_rl.envs.config import validate_env_config
-from agentic_rl.envs.workspace import Workspace
+from agentic_rl.envs.workspace import Workspace, remove_tree
 
 log = logging.getLogger(__name__)
 
 SANDBOX_WORKDIR = "/workspace"  # Where bubblewrap mounts the workspace.
+SANDBOX_STAGE_DIR = "/grade"  # Where it mounts the staging directory, without per-call ns.
 _SERVER_START_TIMEOUT_S = 30.0  # Start-up is ours (no agent code runs); generous under load.
 _SERVER_RECOVER_TIMEOUT_S = 2.0  # For the server to answer once its request was killed.
 _LEASE_DIR = os.path.join(tempfile.gettempdir(), "agentic_rl_sandbox_uids")
-with open(sandbox_server.__file__, encoding="utf-8") as _f:
+with open(sandbox_server.__file__, "rb") as _f:
   _SERVER_SOURCE = _f.read()
+# Reads the server's source, length-prefixed, from stdin: neither it nor its settings
+# (which name host paths in the fallback) are in any process's argv.
+_BOOTSTRAP = ("import os\n"
+              "def _r(n):\n"
+              " b = b''\n"
+              " while len(b) < n:\n"
+              "  c = os.read(0, n - len(b))\n"
+              "  if not c: raise SystemExit('sandbox: no server source on stdin')\n"
+              "  b += c\n"
+              " return b\n"
+              "exec(compile(_r(int.from_bytes(_r(4), 'big')), '<init>', 'exec'))\n")
+_MAX_FRAME_BYTES = 64 << 20  # A control frame larger than this is a broken server.
 
 
 class IsolationUnavailable(RuntimeError):
@@ -89,6 +108,8 @@ class RunResult:
   duration_s: float
   signal: int | None = None  # The signal that ended the main process, if any.
   crashed: str = ""  # Why the sandbox ended without answering (server requests), else "".
+  reply: str | None = None  # A graded call's reply (JSON text from the sandbox), if any.
+  reply_oversized: bool = False  # The reply passed sandbox.max_reply_bytes and was dropped.
 
 
 class _HeadTail:
@@ -116,16 +137,6 @@ class _HeadTail:
     mid = b"" if kept >= self.total else (
         f"\n[... {self.total - kept} bytes left out ...]\n".encode())
     return (bytes(self.head) + mid + bytes(self.tail)).decode("utf-8", errors="replace")
-
-  def strip_suffix(self, n: int) -> None:
-    """Drops the last n bytes written (the server's done line)."""
-    self.total -= n
-    cut = min(n, len(self.tail))
-    if cut:
-      del self.tail[len(self.tail) - cut:]
-    n -= cut
-    if n:
-      del self.head[max(0, len(self.head) - n):]
 
 
 class _UidPool:
@@ -235,6 +246,7 @@ class _Isolation:
   network_isolated: bool
   drops_uid: bool
   description: str
+  nested: bool = False  # The kernel allows the server's per-call namespaces here.
 
 
 _iso_lock = threading.Lock()
@@ -244,7 +256,8 @@ _iso_cache: dict[tuple, _Isolation] = {}
 def resolve_isolation(config: ml_collections.ConfigDict) -> _Isolation:
   """Probes (once per process and setting) which isolation level runs here."""
   s = config.sandbox
-  key = (s.isolation, s.python, s.workspace_root, s.uid_base, s.uid_count)
+  key = (s.isolation, s.python, s.workspace_root, s.uid_base, s.uid_count,
+         s.per_call_namespaces)
   with _iso_lock:
     if key in _iso_cache:
       return _iso_cache[key]
@@ -271,14 +284,19 @@ def _probe(config: ml_collections.ConfigDict) -> _Isolation:
       prefix = os.path.dirname(os.path.dirname(py))
       for net in ([True, False] if level == "fallback" else [True]):
         iso = _Isolation(level, py, prefix, net, _drops_uid(), "")
-        ok, why = _probe_one(config, iso)
+        ok, why, nested = _probe_one(config, iso)
         if ok:
+          iso = dataclasses.replace(iso, nested=nested)
           if level == "fallback" and s.isolation == "auto":
             log.warning("sandbox: bubblewrap is not usable here (%s); using the rlimit fallback",
                         "; ".join(reasons) or "not tried")
           desc = (f"{level} (python {py}; "
                   f"{'per-sandbox uid' if iso.drops_uid else 'host uid, no uid drop'}; "
-                  f"{'no network' if net else 'NETWORK NOT ISOLATED: unshare -n failed'})")
+                  f"{'no network' if net else 'NETWORK NOT ISOLATED: unshare -n failed'}; "
+                  f"{'per-call pid/mount namespaces' if nested else 'NO per-call namespaces'})")
+          missing = missing_guarantees(iso)
+          if missing:
+            log.warning("sandbox %s cannot give: %s", level, "; ".join(missing))
           if not net:
             log.warning("sandbox: unshare -n does not work here; the fallback has network")
           return dataclasses.replace(iso, description=desc)
@@ -287,20 +305,45 @@ def _probe(config: ml_collections.ConfigDict) -> _Isolation:
                              + "; ".join(reasons))
 
 
-def _probe_one(config, iso: _Isolation) -> tuple[bool, str]:
+def _probe_one(config, iso: _Isolation) -> tuple[bool, str, bool]:
+  """(works, why not, per-call namespaces available)."""
   try:
     sb = Sandbox(config, _isolation=iso)
   except (OSError, IsolationUnavailable) as e:
-    return False, str(e)
+    return False, str(e), False
   try:
-    r = sb.request({"id": "probe", "kind": "python", "code": "print(6 * 7)"}, timeout_s=20.0)
+    r = sb.request({"kind": "python", "code": "print(6 * 7)"}, timeout_s=20.0)
+    nested = sb.per_call_namespaces
   except OSError as e:
-    return False, str(e)
+    return False, str(e), False
   finally:
     sb.close()
   if r.exit_code == 0 and r.stdout.strip() == "42":
-    return True, ""
-  return False, (r.crashed or f"exit {r.exit_code}") + f": {(r.stderr or r.stdout).strip()[-300:]}"
+    return True, "", nested
+  return False, ((r.crashed or f"exit {r.exit_code}")
+                 + f": {(r.stderr or r.stdout).strip()[-300:]}"), False
+
+
+def missing_guarantees(iso: _Isolation) -> list[str]:
+  """The sandbox guarantees this isolation level cannot give on this host (WORKSPACE.md)."""
+  out = []
+  if iso.level == "fallback":
+    out += ["no mount namespace: host files that are world-readable can be read, and "
+            "world-writable directories written",
+            "/tmp and /dev/shm are the host's: not sized, not counted in the memory limit",
+            "the workspace path is the host's"]
+  if not iso.drops_uid:
+    out += ["no per-sandbox uid (host not root): RLIMIT_NPROC is relative to the host uid's "
+            "process count, survivors outside the process group are not found, signals to "
+            "host processes are not stopped",
+            "no per-episode disk quota (only each file is bounded)"]
+  if not iso.nested:
+    out += ["no per-call pid namespace: a process that leaves its process group is found by "
+            "uid, and only where the uid is the sandbox's own",
+            "no private /proc: host processes are visible"]
+  if not iso.network_isolated:
+    out.append("network not isolated")
+  return out
 
 
 def _proc_uid_state(pid: str) -> tuple[int, str] | None:
@@ -353,6 +396,42 @@ def _sigkill(pids) -> None:
       pass  # Already gone, or no longer ours.
 
 
+class _FrameReader:
+  """Length-prefixed JSON frames from the server's control pipe."""
+
+  def __init__(self):
+    self._buf = bytearray()
+    self.broken = False
+
+  def add(self, data: bytes) -> None:
+    self._buf += data
+
+  def pop(self):
+    if len(self._buf) < 4:
+      return None
+    n = int.from_bytes(self._buf[:4], "big")
+    if n > _MAX_FRAME_BYTES:
+      self.broken = True
+      return None
+    if len(self._buf) < 4 + n:
+      return None
+    data = bytes(self._buf[4:4 + n])
+    del self._buf[:4 + n]
+    try:
+      return json.loads(data)
+    except ValueError:
+      self.broken = True
+      return None
+
+
+def _registered_keys(sel):
+  return list(sel.get_map().values())
+
+
+def _registered(sel):
+  return [k.fileobj for k in sel.get_map().values()]
+
+
 class Sandbox:
   """One episode's workspace plus the means to run Python in it, confined."""
 
@@ -366,11 +445,14 @@ class Sandbox:
       self._pool = _uid_pool(self._cfg.uid_base, self._cfg.uid_count)
       self.uid = self._pool.acquire()
     try:
-      self.workspace = Workspace(self._cfg.workspace_root, self.uid)
+      self.workspace = Workspace(self._cfg.workspace_root, self.uid,
+                                 quota_bytes=self._cfg.disk_quota_mb << 20,
+                                 max_files=self._cfg.max_files)
     except BaseException:
       if self._pool is not None:
         self._pool.release(self.uid)
       raise
+    self._stage_dir = None  # Host-side staging for graded runs, where calls share namespaces.
     self._prlimit = _which("prlimit")
     self._setpriv = _which("setpriv") if self.uid is not None else None
     self._kill = _which("kill") if self.uid is not None else None
@@ -378,7 +460,10 @@ class Sandbox:
                                           and self._iso.network_isolated) else None
     self._bwrap = shutil.which("bwrap") if self._iso.level == "bubblewrap" else None
     self._server: subprocess.Popen | None = None
+    self._control = None  # The server's control pipe (READY and DONE frames).
     self._server_ready = False
+    self._request_seq = 0
+    self.per_call_namespaces = False  # Whether the server runs each call in fresh namespaces.
     self.server_starts = 0
     self._closed = False
     if self.uid is not None:
@@ -402,7 +487,9 @@ class Sandbox:
     nproc = c.max_processes
     if self.uid is None:  # RLIMIT_NPROC counts the uid's existing processes too.
       nproc += _count_uid_processes(os.getuid())
-    mem = c.memory_mb << 20
+    # The memory budget covers the sandbox's RAM-backed mounts too: what /tmp and /dev/shm
+    # may hold is taken off the address-space limit (both are sized tmpfs under bubblewrap).
+    mem = (c.memory_mb - (c.tmpfs_mb + c.shm_mb if self._iso.level == "bubblewrap" else 0)) << 20
     fsize = c.file_size_mb << 20
     return [self._prlimit, f"--cpu={c.cpu_s}:{c.cpu_s}", f"--as={mem}:{mem}",
             f"--fsize={fsize}:{fsize}", f"--nproc={nproc}:{nproc}",
@@ -435,9 +522,15 @@ class Sandbox:
     prefix = self._iso.python_prefix
     if prefix and prefix != "/usr" and not prefix.startswith("/usr/"):
       bw += ["--ro-bind", prefix, prefix]
+    c = self._cfg
     bw += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
-           "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-           "--bind", self.workspace.path, SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR,
+           "--proc", "/proc", "--dev", "/dev",
+           "--size", str(c.shm_mb << 20), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+           "--size", str(c.tmpfs_mb << 20), "--tmpfs", "/tmp",
+           "--bind", self.workspace.path, SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR]
+    if not self._iso.nested:  # Graded runs import from the host's staging directory.
+      bw += ["--ro-bind", self.stage_dir(), SANDBOX_STAGE_DIR]
+    bw += [
            "--hostname", "sandbox", "--remount-ro", "/", "--clearenv"]
     for k, v in self._env().items():
       bw += ["--setenv", k, v]
@@ -457,12 +550,30 @@ class Sandbox:
       self._spawn_server()
 
   def _spawn_server(self) -> None:
-    cmd = self._command(["-I", "-S", "-B", "-c", _SERVER_SOURCE, self.workdir,
-                         "1" if self.reuses_server else "0"])
-    self._server = subprocess.Popen(
-        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        cwd=self.workspace.path, env=self._env(), start_new_session=True, close_fds=True)
+    control_r, control_w = os.pipe()
+    try:
+      cmd = self._command(["-I", "-S", "-B", "-c", _BOOTSTRAP])
+      self._server = subprocess.Popen(
+          cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+          cwd=self.workspace.path, env=self._env(), start_new_session=True, close_fds=True,
+          pass_fds=(control_w,))
+    except BaseException:
+      os.close(control_r)
+      raise
+    finally:
+      os.close(control_w)
+    self._control = os.fdopen(control_r, "rb", buffering=0)
     self._server_ready = False
+    try:
+      settings = json.dumps({"control_fd": control_w, "workdir": self.workdir,
+                             "check_leftovers": self.reuses_server,
+                             "nested": self._cfg.per_call_namespaces == "auto"}).encode()
+      settings += b"\n"
+      self._server.stdin.write(len(_SERVER_SOURCE).to_bytes(4, "big") + _SERVER_SOURCE
+                               + settings)
+      self._server.stdin.flush()
+    except OSError:
+      pass  # It died at once; _start_server reports why from its stderr.
 
   def _start_server(self) -> str:
     """Makes sure a server is up and has said READY; returns "" or why it did not."""
@@ -470,50 +581,58 @@ class Sandbox:
       self._spawn_server()
     if self._server_ready:
       return ""
-    proc = self._server
-    ready = (sandbox_server.READY + "\n").encode()
-    buf, err = bytearray(), _HeadTail(4096)
+    err = _HeadTail(4096)
+    frames = _FrameReader()
     deadline = time.perf_counter() + _SERVER_START_TIMEOUT_S
+    ready = None
     with selectors.DefaultSelector() as sel:
-      sel.register(proc.stdout, selectors.EVENT_READ, buf)
-      sel.register(proc.stderr, selectors.EVENT_READ, err)
-      while not buf.endswith(ready):
+      sel.register(self._control, selectors.EVENT_READ, frames)
+      sel.register(self._server.stderr, selectors.EVENT_READ, err)
+      while ready is None:
         left = deadline - time.perf_counter()
-        if left <= 0 or not sel.get_map():
+        if left <= 0 or self._control not in _registered(sel):
           break
         for key, _ in sel.select(timeout=left):
           data = os.read(key.fd, 65536)
           if not data:
             sel.unregister(key.fileobj)
-          elif key.data is buf:
-            buf += data
           else:
             key.data.add(data)
-    if buf.endswith(ready):
+        got = frames.pop()
+        if got is not None:
+          ready = got if isinstance(got, dict) and got.get("ready") is True else False
+    if ready:
       self.server_starts += 1
       self._server_ready = True
+      self.per_call_namespaces = bool(ready.get("nested"))
       return ""
     self._stop_server()
     return f"the sandbox did not start: {err.text().strip()[-400:] or 'no output'}"
 
   def _stop_server(self) -> None:
     proc, self._server = self._server, None
+    control, self._control = self._control, None
     if proc is None:
       return
     self._kill_tree(proc)
-    for f in (proc.stdin, proc.stdout, proc.stderr):
+    for f in (proc.stdin, proc.stdout, proc.stderr, control):
       try:
-        f.close()
+        if f is not None:
+          f.close()
       except OSError:
         pass
     proc.wait()
 
   def request(self, payload: dict, timeout_s: float | None = None) -> RunResult:
-    """Runs one server request (see sandbox_server.py) in a fresh forked child."""
+    """Runs one server request (see sandbox_server.py) in its own call namespaces.
+
+    Returns once every process the request started is gone (or the sandbox was killed)."""
     if self._closed:
       raise RuntimeError("sandbox is closed")
     timeout = self._cfg.timeout_s if timeout_s is None else timeout_s
     t0 = time.perf_counter()
+    self._request_seq += 1
+    payload = dict(payload, id=self._request_seq)
     line = (json.dumps(payload) + "\n").encode()
     for attempt in (0, 1):
       if self._server is None or not self._server_ready:
@@ -539,7 +658,7 @@ class Sandbox:
                                      time.perf_counter() + _SERVER_RECOVER_TIMEOUT_S)
       keep = keep and not (after.timed_out or after.output_limited or after.crashed)
     if not keep or not self.reuses_server:
-      self._stop_server()
+      self._stop_server()  # Kills every process of the sandbox before returning.
     return result
 
   def _can_spare_server(self) -> bool:
@@ -556,22 +675,24 @@ class Sandbox:
       _sigkill(alive)
       time.sleep(0.002)
 
-  def _await_done(self, rid: str, t0: float, deadline: float) -> tuple[RunResult, bool]:
+  def _await_done(self, rid: int, t0: float, deadline: float) -> tuple[RunResult, bool]:
+    """Captures stdout/stderr (bounded) until the server's DONE frame for `rid` arrives on
+    the control pipe, the deadline passes or the output limit is hit."""
     proc = self._server
-    marker = f"\n{sandbox_server.DONE_PREFIX}{rid} ".encode()
     out, err = _HeadTail(self._cfg.capture_bytes), _HeadTail(self._cfg.capture_bytes)
-    window = bytearray()
+    frames = _FrameReader()
     timed_out = output_limited = False
     crashed, done = "", None
     with selectors.DefaultSelector() as sel:
       sel.register(proc.stdout, selectors.EVENT_READ, out)
       sel.register(proc.stderr, selectors.EVENT_READ, err)
+      sel.register(self._control, selectors.EVENT_READ, frames)
       while done is None:
         left = deadline - time.perf_counter()
         if left <= 0:
           timed_out = True
           break
-        if proc.stdout not in [k.fileobj for k in sel.get_map().values()]:
+        if self._control not in _registered(sel):
           crashed = "the sandbox process ended before answering"
           break
         for key, _ in sel.select(timeout=left):
@@ -580,38 +701,48 @@ class Sandbox:
             sel.unregister(key.fileobj)
             continue
           key.data.add(data)
-          if key.data is out:
-            window += data
-            del window[: max(0, len(window) - 4096)]
-            at = window.find(marker)
-            if at >= 0 and window.endswith(b"\n"):
-              done = window[at + len(marker):].split(b"\n", 1)[0].decode("ascii", "replace")
-              out.strip_suffix(len(window) - at)
-          if out.total + err.total > self._cfg.output_kill_bytes:
-            output_limited = True
-            break
-        if output_limited:
+        if out.total + err.total > self._cfg.output_kill_bytes:
+          output_limited = True
           break
-      if done is not None:  # The child has exited: what it wrote to stderr is in the pipe.
-        while any(key.fileobj is proc.stderr for key, _ in sel.select(0)):
-          data = os.read(proc.stderr.fileno(), 65536)
-          if not data:
+        if frames.broken:
+          crashed = "the sandbox sent a malformed control frame"
+          break
+        got = frames.pop()
+        if got is not None:
+          if isinstance(got, dict) and got.get("id") == rid:
+            done = got
+          else:
+            crashed = "the sandbox answered out of turn"
             break
-          err.add(data)
+      if done is not None:  # Every process of the call has exited: drain what they wrote.
+        for key in list(_registered_keys(sel)):
+          if key.data is frames:
+            continue
+          while any(k.fileobj is key.fileobj for k, _ in sel.select(0)):
+            data = os.read(key.fd, 65536)
+            if not data:
+              break
+            key.data.add(data)
     code, keep = None, False
+    reply, reply_oversized = None, False
     if done is not None:
       try:
-        code_s, dirty_s, cpu_s = done.split()
-        code = int(code_s)
-        keep = dirty_s == "0" and float(cpu_s) < self._cfg.cpu_s / 2
-      except ValueError:
-        crashed = f"unreadable answer from the sandbox: {done[:80]!r}"
+        code = None if done["code"] is None else int(done["code"])
+        cpu_s = float(done["cpu_s"])
+        reply = done.get("reply")
+        reply = reply if isinstance(reply, str) else None
+        reply_oversized = done.get("reply_oversized") is True
+        if done.get("setup_error"):
+          crashed = f"the sandbox could not set up the call: {str(done['setup_error'])[:200]}"
+        keep = (done.get("dirty") is False and cpu_s < self._cfg.cpu_s / 2 and not crashed)
+      except (KeyError, TypeError, ValueError):
+        crashed = f"unreadable answer from the sandbox: {str(done)[:80]!r}"
     return RunResult(
         exit_code=code, stdout=out.text(), stderr=err.text(), stdout_bytes=out.total,
         stderr_bytes=err.total, timed_out=timed_out, output_limited=output_limited,
         duration_s=time.perf_counter() - t0,
         signal=-code if code is not None and code < 0 else None,
-        crashed=crashed), keep
+        crashed=crashed, reply=reply, reply_oversized=reply_oversized), keep
 
   def _kill_tree(self, proc: subprocess.Popen) -> None:
     try:
@@ -640,15 +771,47 @@ class Sandbox:
       time.sleep(0.002)
     log.error("sandbox uid %d: processes survive SIGKILL: %s", self.uid, alive[:10])
 
+  def per_call_namespaces_or_probe(self) -> bool:
+    """Whether requests run in per-call namespaces; starts the server to find out."""
+    if not self._server_ready and not self._closed:
+      self._start_server()
+    return self.per_call_namespaces
+
+  def graded_stage_dir(self) -> str:
+    """Where a graded run imports from, as the sandbox sees it: the workdir (overlaid in
+    the call's own mount namespace), or else the host's staging directory."""
+    if self.per_call_namespaces_or_probe():
+      return self.workdir
+    return SANDBOX_STAGE_DIR if self._iso.level == "bubblewrap" else self.stage_dir()
+
+  def stage_dir(self) -> str:
+    """The host directory a graded run imports from when calls share namespaces (hosts
+    that refuse nested namespaces): root-owned, readable by the sandbox uid only."""
+    if self._stage_dir is None:
+      path = self.workspace.path + "-stage"
+      os.mkdir(path, 0o755)
+      self._stage_dir = path
+    return self._stage_dir
+
   def close(self) -> None:
+    """Kills every process of the sandbox, then removes its workspace; never raises on
+    anything the sandbox left behind."""
     if self._closed:
       return
     self._closed = True
     try:
-      self._stop_server()
-      if self.uid is not None:
-        self.kill_all()
+      try:
+        self._stop_server()
+        if self.uid is not None:
+          self.kill_all()
+      except Exception:  # Removing the workspace must still happen.
+        log.exception("sandbox close: stopping the server failed")
       self.workspace.close()
+      if self._stage_dir is not None:
+        try:
+          remove_tree(self._stage_dir)
+        except OSError as e:
+          log.error("could not remove %s: %s", self._stage_dir, e)
     finally:
       if self._pool is not None:
         self._pool.release(self.uid)

@@ -1,38 +1,50 @@
-"""The program that runs inside the sandbox: a fork server for test runs and scripts.
+"""The program that runs inside the sandbox: a fork server for scripts and graded calls.
 
-Started as `python -I -S -B -c <this source> WORKDIR CHECK_LEFTOVERS` (the
-host sends the source, so nothing is read from the workspace). It imports the
-stdlib it needs once, before the workspace is on sys.path, prints READY, and
-then serves one JSON request per stdin line. Each request runs in a forked
-child (its own process group, stdin from /dev/null), so every run starts from
-a clean interpreter that has never imported workspace code, without paying
-Python's start-up and `import unittest` again. The server is the subreaper
-of its children (orphans re-parent to it, not to the host's init). After the
-child exits it kills the child's process group, reaps, checks whether any
-other process of its uid survived (CHECK_LEFTOVERS=1) and prints
-"\\n" + DONE_PREFIX + "<id> <exit status> <dirty 0|1> <server cpu seconds>".
-On a timeout or too much output the host kills the request's processes (all
-of the sandbox's, or all but the server where it can tell them apart) and
-the server reports and reaps as usual; a dirty run ends the whole sandbox.
+The host starts `python -I -S -B -c BOOTSTRAP` and sends this source,
+length-prefixed, on stdin, then one JSON line of settings (CONTROL_FD, WORKDIR,
+CHECK_LEFTOVERS, whether to try per-call namespaces): nothing is read from the workspace, and neither the source
+nor a host path is in any process's argv. The server imports
+the stdlib it needs once, before the workspace is on sys.path, writes a READY
+frame and serves one JSON request per stdin line. It never runs agent code
+itself and holds nothing secret: a graded request carries only each case's
+inputs, never an expected value.
+
+Channels. Requests come on stdin; the agent's processes write stdout/stderr,
+which the host captures (bounded). The server's own frames (READY, and DONE
+with the exit status and a graded run's reply) go to CONTROL_FD, a pipe that
+no request process holds: nothing the agent prints can end a call or fake a
+result. A frame is a 4-byte big-endian length and a JSON object.
+
+Per-call namespaces ("nested"). Each request runs in a fresh user, pid, mount
+and IPC namespace: the server forks A, A unshares and forks B, pid 1 of the
+call. B mounts a private /proc (the call sees only its own processes), for a
+graded call mounts a small read-only tmpfs over the workdir holding only the
+module under repair (nothing the agent left in the workspace can shadow an
+import), forbids further user namespaces, drops every capability and forks C,
+which runs the request. When C exits B exits, and the kernel kills whatever
+else the call started (setsid'd daemons included) before A's wait returns:
+no process survives its call. The server makes itself non-dumpable, so even a
+process that could name it could not read its memory. Where the kernel refuses
+nested namespaces (some fallback hosts) a request runs in a forked child in
+its own process group, and leftovers are found by uid (CHECK_LEFTOVERS=1) and
+reported as a dirty run, which makes the host kill the whole sandbox.
 
 Requests:
-  {"id", "kind": "tests", "test_module", "max_repr", "max_output"}
-      Runs the test module with unittest and prints RESULT_PREFIX + id + JSON:
-      per subtest pass, fail (the got/want given to assertEqual) or error
-      (exception and the workspace file:line it came from); prints of the code
-      under test are captured. .pyc files in the workspace are never loaded. A
-      subtest passes only if assertEqual ran on values that are `plain_equal`.
   {"id", "kind": "python", "code"}
       Runs `code` as `python -` would (cwd on sys.path, __name__ == "__main__").
-
-Not a security boundary: code under test runs in the child that reports on
-it. The sandbox contains it; the id keeps ordinary output from being taken for
-a result, and plain_equal stops the cheap reward hacks (an always-equal
-object, a no-op assertEqual); code that digs the id out of this process's
-memory to forge a report is not stopped.
+  {"id", "kind": "calls", "module", "module_file", "source_b64", "functions",
+   "calls": [[function, encoded args], ...], "max_repr", "max_output",
+   "max_value_chars", "max_reply_bytes", "stage_dir"}
+      Imports the module (from the staged copy of `source_b64`), binds every
+      name in `functions` as `from module import ...` would, then calls each
+      function on its decoded args and replies, through a pipe to the server,
+      with each outcome as plain tagged data (see encode_plain), the import
+      error if any, and the captured prints. The host compares.
 """
 
+import base64
 import contextlib
+import ctypes
 import importlib
 import io
 import json
@@ -42,37 +54,106 @@ import sys
 import time
 import traceback
 import types
-import unittest
 
-READY = "@@agentic_rl_ready"
-DONE_PREFIX = "@@agentic_rl_done "
-RESULT_PREFIX = "@@agentic_rl_result "
+_CLONE_NEWNS, _CLONE_NEWIPC = 0x00020000, 0x08000000
+_CLONE_NEWUSER, _CLONE_NEWPID = 0x10000000, 0x20000000
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
+_PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER = 4, 36
 
-
-_PLAIN_SCALARS = (int, bool, float, str, bytes, type(None))
-
-
-def plain_equal(got, want):
-  """Equality of plain data, types included: an object whose __eq__ always says True, a
-  str subclass, or 1 for True does not pass. Expected values are literals, so this is
-  what "equal" means for a test here."""
-  if type(got) is not type(want):
-    return False
-  if type(want) in (list, tuple):
-    return len(got) == len(want) and all(plain_equal(a, b) for a, b in zip(got, want))
-  if type(want) is dict:
-    return (len(got) == len(want) and all(type(k) in _PLAIN_SCALARS for k in got)
-            and all(k in want and plain_equal(got[k], want[k]) for k in got))
-  if type(want) in _PLAIN_SCALARS:
-    return got == want
-  return False
+try:
+  _LIBC = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover - an interpreter without a usable libc.
+  _LIBC = None
 
 
-def _short_repr(value, limit):
+# ---- frames ----
+
+def frame(obj) -> bytes:
+  data = json.dumps(obj).encode("ascii")
+  return len(data).to_bytes(4, "big") + data
+
+
+def _write_all(fd, data):
+  view = memoryview(data)
+  while view:
+    n = os.write(fd, view)
+    view = view[n:]
+
+
+# ---- plain data, tagged (this side of it is untrusted: the host decodes and checks) ----
+
+def encode_plain(value, max_chars):
+  """A JSON-able tagged form of `value`, or None if it is not plain data (exact types
+  int, bool, float, str, bytes, None, list, tuple, dict) or its form exceeds max_chars."""
+  budget = [max_chars]
+
+  def enc(v, depth):
+    budget[0] -= 4
+    if budget[0] < 0 or depth > 32:
+      raise OverflowError
+    t = type(v)
+    if v is None:
+      return ["N"]
+    if t is bool:
+      return ["B", v]
+    if t is int:
+      s = str(v)
+      budget[0] -= len(s)
+      return ["I", s]
+    if t is float:
+      return ["F", float.__repr__(v)]
+    if t is str:
+      budget[0] -= len(v)
+      return ["S", v]
+    if t is bytes:
+      budget[0] -= 2 * len(v)
+      return ["Y", v.hex()]
+    if t is list or t is tuple:
+      return ["L" if t is list else "T", [enc(x, depth + 1) for x in v]]
+    if t is dict:
+      return ["D", [[enc(k, depth + 1), enc(x, depth + 1)] for k, x in dict.items(v)]]
+    raise TypeError
+
+  try:
+    out = enc(value, 0)
+  except (OverflowError, TypeError, ValueError, RecursionError):
+    return None
+  return out if budget[0] >= 0 else None
+
+
+def decode_args(tagged):
+  """Inverse of encode_plain, for the host's own case inputs."""
+  tag = tagged[0]
+  if tag == "N":
+    return None
+  if tag == "B":
+    return bool(tagged[1])
+  if tag == "I":
+    return int(tagged[1])
+  if tag == "F":
+    return float(tagged[1])
+  if tag == "S":
+    return str(tagged[1])
+  if tag == "Y":
+    return bytes.fromhex(tagged[1])
+  if tag == "L":
+    return [decode_args(x) for x in tagged[1]]
+  if tag == "T":
+    return tuple(decode_args(x) for x in tagged[1])
+  if tag == "D":
+    return {decode_args(k): decode_args(v) for k, v in tagged[1]}
+  raise ValueError(f"unknown tag {tag!r}")
+
+
+# ---- reports of errors ----
+
+def short_repr(value, limit):
   try:
     r = repr(value)
-  except Exception as e:  # A hostile __repr__ must not break the report.
+  except BaseException as e:  # A hostile __repr__ must not break the report.
     r = f"<unrepresentable {type(value).__name__}: {type(e).__name__}>"
+  if not isinstance(r, str):
+    r = f"<unrepresentable {type(value).__name__}>"
   return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
@@ -83,86 +164,53 @@ def _where(tb, workdir):
   return f"{os.path.relpath(frames[-1].filename, workdir)}:{frames[-1].lineno}"
 
 
-def _describe_error(exc, workdir, limit):
+def describe_error(exc, workdir, limit):
   if isinstance(exc, SyntaxError):
     return f"SyntaxError: {exc.msg}", f"{os.path.basename(exc.filename or '?')}:{exc.lineno}"
   try:
     msg = str(exc)
-  except Exception:
+  except BaseException:
     msg = ""
   return f"{type(exc).__name__}: {msg[:limit]}".rstrip(": "), _where(exc.__traceback__, workdir)
 
 
-def run_tests(req, workdir):
-  max_repr, max_output = int(req["max_repr"]), int(req["max_output"])
-  last_eq = {}
-  original_eq = unittest.TestCase.assertEqual
+# ---- the request bodies (run in C, the agent's process) ----
 
-  def recording_eq(self, first, second, msg=None):
-    last_eq["got"], last_eq["want"] = first, second
-    return original_eq(self, first, second, msg)
-
-  unittest.TestCase.assertEqual = recording_eq
-  results = []
-  had_subtests = set()
-
-  def record(test, params, err, kind):
-    name = getattr(test, "_testMethodName", str(test))
-    func = name[5:] if name.startswith("test_") else name
-    args = ", ".join(_short_repr(v, max_repr) for v in (params or {}).values())
-    entry = {"test": name, "call": f"{func}({args})", "status": "pass"}
-    if err is None and params is not None and not (
-        "got" in last_eq and plain_equal(last_eq["got"], last_eq["want"])):
-      # unittest says pass, but no assertEqual of plain equal values ran (assertEqual or
-      # __eq__ tampered with): not a pass.
-      entry.update(status="fail", got=_short_repr(last_eq.get("got", "<no assertEqual>"),
-                                                  max_repr),
-                   want=_short_repr(last_eq.get("want", "<no assertEqual>"), max_repr))
-    elif err is not None:
-      if kind == "fail" and "got" in last_eq:
-        entry.update(status="fail", got=_short_repr(last_eq["got"], max_repr),
-                     want=_short_repr(last_eq["want"], max_repr))
-      else:
-        text, where = _describe_error(err[1], workdir, max_repr)
-        entry.update(status="error", error=text, where=where)
-    last_eq.clear()
-    results.append(entry)
-
-  class Result(unittest.TestResult):
-    def addSubTest(self, test, subtest, err):
-      had_subtests.add(id(test))
-      fail = err is not None and issubclass(err[0], test.failureException)
-      record(test, subtest.params, err, "fail" if fail else "error")
-      super().addSubTest(test, subtest, err)
-
-    def addSuccess(self, test):
-      if id(test) not in had_subtests:
-        record(test, None, None, "")
-
-    def addFailure(self, test, err):
-      record(test, None, err, "fail")
-
-    def addError(self, test, err):
-      record(test, None, err, "error")
-
+def run_calls(req, workdir, reply_fd):
+  max_repr = int(req["max_repr"])
+  max_chars = int(req["max_value_chars"])
+  reply = {"import_error": None, "import_where": "", "outcomes": [], "output": ""}
   captured = io.StringIO()
-  import_error = None
   with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
     try:
-      module = importlib.import_module(req["test_module"])
+      module = importlib.import_module(req["module"])
+      bound = []
+      for name in req["functions"]:  # As `from module import a, b` binds them, in order.
+        if not hasattr(module, name):
+          where = getattr(module, "__file__", None) or "unknown location"
+          raise ImportError(f"cannot import name {name!r} from {req['module']!r} ({where})")
+        bound.append(getattr(module, name))
+      functions = dict(zip(req["functions"], bound))
     except BaseException as e:  # SyntaxError, SystemExit at import, ...: all reported.
-      text, where = _describe_error(e, workdir, max_repr)
-      import_error = f"{text} ({where})" if where else text
+      reply["import_error"], reply["import_where"] = describe_error(e, workdir, max_repr)
     else:
-      try:
-        unittest.defaultTestLoader.loadTestsFromModule(module).run(Result())
-      except BaseException as e:
-        text, where = _describe_error(e, workdir, max_repr)
-        import_error = f"test run aborted: {text}" + (f" ({where})" if where else "")
-  report = {"results": results, "import_error": import_error,
-            "output": captured.getvalue()[:max_output]}
-  line = RESULT_PREFIX + req["id"] + " " + json.dumps(report) + "\n"
-  os.write(1, line.encode("utf-8", errors="replace"))
+      for name, args in req["calls"]:
+        try:
+          value = functions[name](*[decode_args(a) for a in args])
+        except BaseException as e:
+          text, where = describe_error(e, workdir, max_repr)
+          reply["outcomes"].append({"status": "error", "error": text, "where": where})
+          continue
+        tagged = encode_plain(value, max_chars)
+        if tagged is None:
+          reply["outcomes"].append({"status": "value", "repr": short_repr(value, max_repr)})
+        else:
+          reply["outcomes"].append({"status": "value", "value": tagged})
+  reply["output"] = captured.getvalue()[: int(req["max_output"])]
+  try:
+    _write_all(reply_fd, json.dumps(reply).encode("ascii"))
+  except OSError:  # The server stopped reading (an oversized reply): it reports that.
+    pass
   return 0
 
 
@@ -186,12 +234,9 @@ def run_script(req):
   return 0
 
 
-def _child(req, workdir, own_group):
-  if own_group:  # Else stay in the server's group: the host kills that group after the run.
-    try:
-      os.setpgid(0, 0)
-    except OSError:
-      pass
+def _run_request(req, workdir, reply_fd, status_fd):
+  """C's body: the stdio it needs, then the request; never returns."""
+  os.close(status_fd)  # Only trusted code (A, B) may report the call's status.
   null = os.open(os.devnull, os.O_RDONLY)
   os.dup2(null, 0)
   os.close(null)
@@ -200,15 +245,21 @@ def _child(req, workdir, own_group):
   sys.dont_write_bytecode = True
   # Bytecode is looked up under a prefix that does not exist: planted .pyc files are ignored.
   sys.pycache_prefix = "/nonexistent/agentic_rl_pycache"
+  if _LIBC is not None:  # The agent's own process behaves as any other (A and B do not).
+    _LIBC.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
   code = 1
   try:
-    if req.get("kind") == "tests":
-      sys.path.insert(0, workdir)
-      code = run_tests(req, workdir)
+    if req.get("kind") == "calls":
+      stage = req["stage_dir"]
+      sys.path.insert(0, stage)
+      os.chdir(stage)
+      code = run_calls(req, stage, reply_fd)
     elif req.get("kind") == "python":
       code = run_script(req)
     else:
       print(f"unknown request kind {req.get('kind')!r}", file=sys.stderr)
+  except BaseException:
+    traceback.print_exc()
   finally:
     for f in (sys.stdout, sys.stderr):
       try:
@@ -217,6 +268,177 @@ def _child(req, workdir, own_group):
         pass
     os._exit(code)
 
+
+# ---- per-call namespaces ----
+
+def _write_file(path, text):
+  fd = os.open(path, os.O_WRONLY)
+  try:
+    os.write(fd, text.encode())
+  finally:
+    os.close(fd)
+
+
+def _mount(source, target, fstype, flags, data):
+  enc = lambda s: None if s is None else s.encode()
+  if _LIBC.mount(enc(source), enc(target), enc(fstype), flags, enc(data)) != 0:
+    err = ctypes.get_errno()
+    raise OSError(err, f"mount {fstype or source} on {target}: {os.strerror(err)}")
+
+
+class _CapHeader(ctypes.Structure):
+  _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+  _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+              ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_capabilities():
+  header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3
+  if _LIBC.capset(ctypes.byref(header), data) != 0:
+    raise OSError(ctypes.get_errno(), "capset")
+
+
+def _enter_call_namespaces(uid, gid):
+  """In A: a new user, pid, mount and IPC namespace, mapping our uid to itself."""
+  _LIBC.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)  # Our own /proc/self/*_map must be writable.
+  try:
+    if _LIBC.unshare(_CLONE_NEWUSER | _CLONE_NEWPID | _CLONE_NEWNS | _CLONE_NEWIPC) != 0:
+      raise OSError(ctypes.get_errno(), "unshare")
+    _write_file("/proc/self/setgroups", "deny")
+    _write_file("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write_file("/proc/self/gid_map", f"{gid} {gid} 1")
+  finally:  # B inherits this: the agent's process C cannot trace or read B.
+    _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def _stage(req):
+  """In B: the workdir becomes a read-only tmpfs holding only the module under repair."""
+  stage_dir = req["stage_dir"]
+  source = base64.b64decode(req["source_b64"]) if req.get("source_b64") is not None else None
+  size = 65536 + (len(source) if source else 0) * 2
+  _mount("tmpfs", stage_dir, "tmpfs", _MS_NOSUID | _MS_NODEV,
+         f"size={size},nr_inodes=16,mode=0755")
+  if source is not None:
+    fd = os.open(os.path.join(stage_dir, req["module_file"]),
+                 os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+      _write_all(fd, source)
+    finally:
+      os.close(fd)
+  _mount(None, stage_dir, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV, None)
+
+
+def _confine(req):
+  """B's setup, as pid 1 of fresh namespaces: a private /proc, the staged module for a
+  graded request, no further user namespaces, no capabilities."""
+  _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
+  if req is not None and req.get("kind") == "calls":
+    _stage(req)
+  _write_file("/proc/sys/user/max_user_namespaces", "0")
+  _drop_capabilities()
+
+
+def _setup_failed(status_fd, error):
+  os.write(status_fd, f"setup {error}\n".encode("ascii", "replace"))
+  os._exit(1)
+
+
+def _fork_into(body, reply_fd):
+  """Forks a child that runs body() (which never returns); the parent keeps no copy of
+  the reply pipe, so its end of file means the child and all it started are gone."""
+  pid = os.fork()
+  if pid == 0:
+    body()
+  if reply_fd is not None:
+    os.close(reply_fd)
+  return pid
+
+
+def _call_init(req, workdir, reply_fd, status_fd):
+  """B, pid 1 of the call: confines the call, then C runs the request, and B writes C's
+  wait status to status_fd. B's exit ends every process of the call."""
+  try:
+    _confine(req)
+  except OSError as e:
+    _setup_failed(status_fd, e)
+  pid = _fork_into(lambda: _run_request(req, workdir, reply_fd, status_fd), reply_fd)
+  status = None
+  while status is None:  # As pid 1 we reap every orphan of the call; C's status is the call's.
+    try:
+      got, st = os.wait()
+    except ChildProcessError:
+      break
+    if got == pid:
+      status = st
+  os.write(status_fd, f"status {status}\n".encode())
+  os._exit(0)
+
+
+def _call_process(req, workdir, reply_fd, status_fd, nested, uid, gid):
+  """The server's child for one request: A when nested, else C itself."""
+  if not nested:
+    try:
+      os.setpgid(0, 0)
+    except OSError:
+      pass
+    _run_request(req, workdir, reply_fd, status_fd)
+  try:
+    _enter_call_namespaces(uid, gid)
+  except OSError as e:
+    _setup_failed(status_fd, e)
+  pid = _fork_into(lambda: _call_init(req, workdir, reply_fd, status_fd), reply_fd)
+  os.waitpid(pid, 0)  # Returns once every process of the call is gone.
+  os._exit(0)
+
+
+def _call_status(status_r, fallback_status):
+  """(exit code as os.waitstatus_to_exitcode gives it, setup error or "")."""
+  data = b""
+  while True:
+    try:
+      chunk = os.read(status_r, 4096)
+    except BlockingIOError:
+      break
+    if not chunk:
+      break
+    data += chunk
+  text = data.decode("ascii", "replace").strip()
+  if text.startswith("status ") and text[7:].lstrip("-").isdigit():
+    return os.waitstatus_to_exitcode(int(text[7:])), ""
+  if text.startswith("setup "):
+    return None, text[6:]
+  if fallback_status is not None:
+    return os.waitstatus_to_exitcode(fallback_status), ""
+  return None, "the call ended without a status"
+
+
+def _nested_works(uid, gid):
+  """Whether this kernel lets us build the per-call namespaces (probed once, at start)."""
+  if _LIBC is None:
+    return False
+  pid = os.fork()
+  if pid == 0:
+    try:
+      _enter_call_namespaces(uid, gid)
+      inner = os.fork()
+      if inner == 0:
+        try:
+          _confine(None)
+        except OSError:
+          os._exit(1)
+        os._exit(0)
+      _, st = os.waitpid(inner, 0)
+      os._exit(0 if os.waitstatus_to_exitcode(st) == 0 else 1)
+    except BaseException:
+      os._exit(1)
+  _, st = os.waitpid(pid, 0)
+  return os.waitstatus_to_exitcode(st) == 0
+
+
+# ---- leftovers, for the non-nested mode ----
 
 def _parent_chain():
   chain, pid = set(), os.getpid()
@@ -270,42 +492,71 @@ def _dirty(uid, me, ancestors):
   return True
 
 
-def _become_subreaper():
-  """Orphans of a request re-parent to us, not to the host's init, so we can reap them."""
-  try:
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
-  except Exception:  # No ctypes in this interpreter: orphans go to init, as usual.
-    return False
+def _read_reply(fd, limit):
+  """The reply pipe until EOF, or None past `limit` bytes (then it is closed unread)."""
+  chunks, total = [], 0
+  while True:
+    data = os.read(fd, 65536)
+    if not data:
+      break
+    total += len(data)
+    if total > limit:
+      return None
+    chunks.append(data)
+  return b"".join(chunks)
 
 
 def serve():
-  workdir, check = sys.argv[1], sys.argv[2] == "1"
-  me, uid = os.getpid(), os.getuid()
-  ancestors = _parent_chain()
-  _become_subreaper()
-  os.write(1, (READY + "\n").encode())
   stdin = sys.stdin.buffer
+  settings = json.loads(stdin.readline())
+  control, workdir = int(settings["control_fd"]), settings["workdir"]
+  check = settings["check_leftovers"] is True
+  me, uid, gid = os.getpid(), os.getuid(), os.getgid()
+  ancestors = _parent_chain()
+  if _LIBC is not None:
+    _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # Orphans re-parent to us, not init.
+  nested = settings["nested"] is True and _nested_works(uid, gid)
+  _write_all(control, frame({"ready": True, "nested": nested}))
   while True:
     line = stdin.readline()
     if not line:
       os._exit(0)
     req = json.loads(line)
+    reply_r = reply_w = None
+    if req.get("kind") == "calls":
+      reply_r, reply_w = os.pipe()
+    status_r, status_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-      _child(req, workdir, own_group=check)
+      os.close(control)
+      os.close(status_r)
+      if reply_r is not None:
+        os.close(reply_r)
+      _call_process(req, workdir, reply_w, status_w, nested, uid, gid)
+    os.close(status_w)
+    reply, oversized = None, False
+    if reply_r is not None:
+      os.close(reply_w)
+      data = _read_reply(reply_r, int(req["max_reply_bytes"]))
+      os.close(reply_r)
+      oversized = data is None
+      reply = data.decode("ascii", "replace") if data else None  # Nothing written: no reply.
     _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if check:
+    dirty = False
+    if not nested:
       try:
         os.killpg(pid, signal.SIGKILL)
       except OSError:
         pass
-    dirty = _dirty(uid, me, ancestors) if check else (_reap() or False)
+      dirty = _dirty(uid, me, ancestors) if check else (_reap() or False)
+    os.set_blocking(status_r, False)
+    code, setup_error = _call_status(status_r, None if nested else status)
+    os.close(status_r)
     t = os.times()
-    done = f"\n{DONE_PREFIX}{req['id']} {code} {int(dirty)} {t.user + t.system:.3f}\n"
-    os.write(1, done.encode())
+    _write_all(control, frame({"id": req["id"], "code": code, "dirty": dirty,
+                               "cpu_s": t.user + t.system, "reply": reply,
+                               "reply_oversized": oversized, "setup_error": setup_error}))
 
 
 if __name__ == "__main__":

@@ -15,38 +15,43 @@ over an episode the signals sum to final minus initial fraction. With
 `process_signal_on_edit` a replace triggers a hidden test run, so the credit
 lands on the edit that earned it.
 
-The test file is restored from the task record before every test run and is
-not editable, the runner is sent from the host (not read from the workspace),
-planted .pyc files are ignored, and a case passes only on plain-data equality
-(sandbox_server.plain_equal), so editing the tests, shadowing modules, a
-no-op assertEqual or an always-equal object are not ways to pass them.
+Grading (agentic_rl/envs/grading.py) happens here, in the host: the cases and
+their expected values never enter the sandbox. A graded run imports a staged
+copy of the module under repair, alone, in a sandboxed process of its own,
+calls each case's function on its inputs and returns the outputs as plain
+data; the host compares them. The test file the agent can view documents the
+cases and is restored before each run, but grading never reads it, so editing
+the tests, shadowing modules, patching the runner, forging its output or
+reading the expected values are not ways to pass them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
-import secrets
 import time
 import uuid
 import weakref
 
 import ml_collections
 
-from agentic_rl.envs import sandbox_server
+from agentic_rl.envs import grading
 from agentic_rl.envs.audit import AuditLog
 from agentic_rl.envs.config import default_env_config, validate_env_config
 from agentic_rl.envs.env import StepResult
 from agentic_rl.envs.permissions import PermissionPolicy
-from agentic_rl.envs.sandbox import Sandbox, resolve_isolation
+from agentic_rl.envs.sandbox import RunResult, Sandbox, resolve_isolation
 from agentic_rl.envs.swe_tasks import SweTask
 from agentic_rl.envs.tool_call import ToolCallError, parse_tool_call
 from agentic_rl.envs.workspace import FileToolError, PathRefused
 
 log = logging.getLogger(__name__)
 _MAX_LISTED_FAILURES = 12
+_QUOTA_SLACK_BYTES = 65536  # Less free than this in the workspace: say the quota is reached.
+_NOT_RUN = RunResult(exit_code=None, stdout="", stderr="", stdout_bytes=0, stderr_bytes=0,
+                     timed_out=False, output_limited=False, duration_s=0.0,
+                     crashed="the module was not graded")
 _USAGE = {
     "ls": "ls", "view": "view PATH [START [END]]",
     "replace": "replace PATH START END + new lines", "test": "test",
@@ -160,7 +165,10 @@ class SweEnv:
     if end_reason in ("time_budget", "turn_budget"):
       if c.budget_end_reward == "tests_fraction":
         if not c.process_signal_on_edit:
-          self.tests_passed = self._measure_tests()[0]
+          try:
+            self.tests_passed = self._measure_tests()[0]
+          except Exception:  # Never raised into the rollout; the episode ends unmeasured.
+            log.exception("the budget-end test run failed on the host")
         reward = self.tests_passed / self.tests_total
       budget = "time" if end_reason == "time_budget" else "turn"
       suffix = f"\n[episode over: {budget} budget reached; reward {reward:.2f}]"
@@ -189,7 +197,11 @@ class SweEnv:
     return StepResult(observation, float(reward), self.done, info)
 
   def close(self) -> None:
-    self._close_sandbox()
+    """Ends the episode and removes its workspace; never raises on what the agent did."""
+    try:
+      self._close_sandbox()
+    except Exception:
+      log.exception("closing the sandbox failed")
     self.done = True
 
   def __enter__(self):
@@ -208,15 +220,30 @@ class SweEnv:
 
   def _run_tool(self, tool: str, args: dict) -> _Outcome:
     try:
-      return self._tools[tool](**args)
+      out = self._tools[tool](**args)
     except PathRefused as e:
       return _Outcome(f"denied: {e}", decision="denied", reason=str(e))
     except FileToolError as e:
       return _Outcome(f"error: {e}", decision="error", reason=str(e))
-    except OSError as e:  # A host-side failure; reported, logged, never raised into the rollout.
+    except Exception as e:  # A host-side failure; reported, logged, never raised into the rollout.
       log.exception("tool %s failed on the host", tool)
-      why = f"tool failed on the host: {type(e).__name__}: {e.strerror or e}"
+      why = f"tool failed on the host: {type(e).__name__}: {getattr(e, 'strerror', None) or e}"
       return _Outcome(f"error: {why}", decision="error", reason=why)
+    note = self._quota_note()
+    if note:  # First, so that truncating a long output cannot hide it.
+      out.observation = f"{note}\n{out.observation}"
+    return out
+
+  def _quota_note(self) -> str:
+    try:
+      usage = self._sandbox.workspace.usage()
+    except OSError:
+      return ""
+    if usage is None or (usage[0] >= _QUOTA_SLACK_BYTES and usage[1] > 0):
+      return ""
+    s = self.config.sandbox
+    return (f"[workspace quota reached: {s.disk_quota_mb} MiB and {s.max_files} files and "
+            "directories in all; writes fail with 'No space left on device']")
 
   def _ls(self) -> _Outcome:
     entries, total = self._sandbox.workspace.list_files(50, self.config.max_file_bytes)
@@ -289,47 +316,61 @@ class SweEnv:
     return out
 
   def _measure_tests(self) -> tuple[int, str, object]:
-    """(passed, observation text, RunResult) from one sandboxed run of the pristine tests."""
+    """(passed, observation text, RunResult) from one graded run of the current module.
+
+    The cases stay here; the sandbox gets their inputs and returns outputs as data."""
     task, sb = self._task, self._sandbox
-    sb.workspace.restore_file(task.test_path, task.test_text)
-    nonce = secrets.token_hex(8)
-    r = sb.request({"id": nonce, "kind": "tests", "test_module": task.test_path[:-3],
-                    "max_repr": 80, "max_output": 300})
-    marker = sandbox_server.RESULT_PREFIX + nonce + " "
-    report = None
-    for line in reversed(r.stdout.splitlines()):
-      if line.startswith(marker):
-        try:
-          report = json.loads(line[len(marker):])
-        except json.JSONDecodeError:
-          report = None
-        break
+    try:  # The file the agent views documents the cases; grading does not read it.
+      sb.workspace.restore_file(task.test_path, task.test_text)
+    except (OSError, PathRefused, FileToolError) as e:
+      log.warning("could not restore %s: %s", task.test_path, e)
     total = task.num_tests
+    try:
+      source = sb.workspace.read_bytes(task.module_path, self.config.max_file_bytes)
+    except FileToolError as e:
+      if "limit" in str(e):  # Too large to grade: say so, rather than "no module".
+        return 0, f"the tests were not run: {e}\n0/{total} passed", _NOT_RUN
+      source = None  # Missing, a directory, not a regular file: graded as no module.
+    except PathRefused:
+      source = None  # A symlink out of the workspace: the module is not there.
+    nested = sb.per_call_namespaces_or_probe()
+    stage = sb.graded_stage_dir()
+    if not nested:
+      grading.stage_module(sb.stage_dir(), task.module_path, source)
+    r = sb.request(grading.build_request(task, source, self.config.sandbox, stage,
+                                         send_source=nested))
+    report, why = None, ""
+    if r.reply is not None:
+      try:
+        report = grading.parse_reply(task, r.reply)
+      except grading.MalformedReply as e:
+        why = f"its reply was unreadable: {e}"
+    elif r.reply_oversized:
+      why = f"its reply was over {self.config.sandbox.max_reply_bytes} bytes"
     if report is None:
       if r.timed_out:
         return 0, f"TIMEOUT: the tests did not finish in {self.config.sandbox.timeout_s:g}s " \
                   f"(killed)\n0/{total} passed", r
-      why = ("killed: output limit exceeded" if r.output_limited else r.crashed
-             or f"exit code {r.exit_code}")
+      why = why or ("killed: output limit exceeded" if r.output_limited else r.crashed
+                    or f"exit code {r.exit_code}")
       tail = (r.stderr or r.stdout).strip()[-300:]
       return 0, (f"the test run ended before reporting ({why})" + (f"\n{tail}" if tail else "")
                  + f"\n0/{total} passed"), r
-    results = report.get("results", [])
-    passed = min(total, sum(1 for x in results if x.get("status") == "pass"))
+    passed = min(total, report.passed)
     rows = []
-    if report.get("import_error"):
-      rows.append(f"ERROR importing {task.test_path}: {report['import_error']}")
-    bad = [x for x in results if x.get("status") != "pass"]
+    if report.import_error:
+      rows.append(f"ERROR importing {task.test_path}: {report.import_error}")
+    bad = [x for x in report.results if x.status != "pass"]
     for x in bad[:_MAX_LISTED_FAILURES]:
-      if x["status"] == "fail":
-        rows.append(f"FAIL {x['call']}: got {x['got']}, want {x['want']}")
+      if x.status == "fail":
+        rows.append(f"FAIL {x.call}: got {x.got}, want {x.want}")
       else:
-        where = f" ({x['where']})" if x.get("where") else ""
-        rows.append(f"ERROR {x['call']}: {x['error']}{where}")
+        where = f" ({x.where})" if x.where else ""
+        rows.append(f"ERROR {x.call}: {x.error}{where}")
     if len(bad) > _MAX_LISTED_FAILURES:
       rows.append(f"... and {len(bad) - _MAX_LISTED_FAILURES} more failing")
-    if report.get("output"):
-      rows.append("output of the code under test:\n" + report["output"])
+    if report.output:
+      rows.append("output of the code under test:\n" + report.output)
     rows.append(f"all {total} tests passed" if passed == total else f"{passed}/{total} passed")
     return passed, "\n".join(rows), r
 
@@ -350,7 +391,7 @@ class SweEnv:
                     output_bytes=r.stdout_bytes + r.stderr_bytes, tests_passed=passed)
 
   def _python(self, code: str) -> _Outcome:
-    r = self._sandbox.request({"id": secrets.token_hex(8), "kind": "python", "code": code})
+    r = self._sandbox.request({"kind": "python", "code": code})
     out = (r.stdout + (("\n" if r.stdout and not r.stdout.endswith("\n") else "") + r.stderr
                        if r.stderr else "")).rstrip("\n")
     decision, reason = self._run_decision(r)

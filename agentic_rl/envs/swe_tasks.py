@@ -21,7 +21,7 @@ from collections.abc import Callable
 import ml_collections
 
 from agentic_rl.envs import mutations
-from agentic_rl.envs.sandbox_server import plain_equal
+from agentic_rl.envs.grading import Case, plain_equal
 from agentic_rl.envs.config import default_env_config, validate_env_config
 
 # None of these shadows a standard-library module.
@@ -57,6 +57,8 @@ class SweTask:
   functions: tuple[str, ...]  # Tested functions, in test-file order.
   distractors: tuple[str, ...]  # Untested functions.
   bugs: tuple[Bug, ...]
+  # The cases and their expected values, in test-file order: the grader's, in the host.
+  cases: tuple[Case, ...] = ()
 
   @property
   def test_text(self) -> str:
@@ -275,7 +277,7 @@ def _outcome(fn: Callable, args: tuple):
 
 
 def _passes_case(fn: Callable, args: tuple, want) -> bool:
-  """The sandbox runner's criterion: no exception and plain_equal to the expected value."""
+  """The grader's criterion: no exception and plain_equal to the expected value."""
   kind, value = _outcome(fn, args)
   return kind == "ok" and plain_equal(value, want)
 
@@ -414,4 +416,6 @@ def _generate_task(seed, tier, split, config) -> SweTask:
       allowlist=tuple(t.allowlist), num_tests=num_tests, initial_passed=passed,
       functions=tuple(f.name for f in tested_in_order),
       distractors=tuple(fns[k].name for k in order if fns[k] in distractors),
-      bugs=tuple(sorted(bugs, key=lambda b: b.line)))
+      bugs=tuple(sorted(bugs, key=lambda b: b.line)),
+      cases=tuple(Case(f.name, tuple(args), want) for f in tested_in_order
+                  for args, want in cases[f.name]))

@@ -215,6 +215,8 @@ def test_close_kills_and_cleans_and_reset_starts_fresh():
 
 @pytest.mark.parametrize("hack", ["noop_assert", "always_equal"])
 def test_reward_hacks_in_the_module_do_not_pass(tmp_path, hack):
+  # The noop_assert module is the unfixed module plus a patch of unittest: it earns what
+  # the unfixed module earns. The always_equal module returns no plain value: it earns 0.
   task = generate_task(12, "medium")
   names = task.functions + task.distractors
   if hack == "noop_assert":
@@ -234,4 +236,5 @@ def test_reward_hacks_in_the_module_do_not_pass(tmp_path, hack):
     env.reset(task)
     env.step(F("python", code=f"open({task.module_path!r}, 'w').write({module!r})"))
     r = env.step(F("submit"))
-  assert r.reward == 0.0, r.observation
+  want = task.initial_passed / task.num_tests if hack == "noop_assert" else 0.0
+  assert r.reward == want, r.observation

@@ -60,3 +60,20 @@ def test_expert_solves_a_sample_of_every_tier():
 @pytest.mark.slow  # ~30-40 s on 2 busy cores.
 def test_expert_solves_every_generated_task_of_every_tier():
   assert _solve_all(105) == 210
+
+
+# sha256 of the expert's transcripts (first observation, every action and observation,
+# reward) on 16 tasks, recorded on the code before grading moved out of the sandbox: the
+# observations, and so the SFT demonstrations rendered from them, must not change.
+_TRANSCRIPTS_SHA256 = "5bca8d067abb4e37510702a76c8bb3cfdc39e097e7c3f8ce563fdec7187a092d"
+
+
+def test_expert_transcripts_are_unchanged():
+  import hashlib
+  import json
+  tasks = [SweTaskSource(split, (tier,))[i] for split in ("train", "heldout")
+           for tier in ("tiny", "easy", "medium", "hard") for i in range(2)]
+  results = run_episodes(tasks, env_config(timeout_s=5.0), threads=2)
+  blob = json.dumps([[r.first_observation, r.turns, r.reward] for r in results])
+  assert all(r.solved for r in results)
+  assert hashlib.sha256(blob.encode()).hexdigest() == _TRANSCRIPTS_SHA256

@@ -156,12 +156,13 @@ def test_fork_bomb_is_contained(h):
 
 def test_escaped_background_processes_are_killed(h):
   uid = h.env._sandbox.uid
+  idle = len(live_pids_of_uid(uid)) if uid is not None else 0  # The warm, idle server.
   # The parent waits until the child has left the process group, so it surely escaped.
   r = h.python("import os, time\nr, w = os.pipe()\nif os.fork() == 0:\n    os.setsid()\n"
                "    os.write(w, b'x')\n    time.sleep(60)\nos.read(r, 1)\nprint('parent done')")
   assert "parent done" in r.observation
-  if uid is not None:  # The survivor made the run dirty: the whole sandbox was killed.
-    assert live_pids_of_uid(uid) == []
+  if uid is not None:  # The survivor died with its call (or, without per-call namespaces,
+    assert len(live_pids_of_uid(uid)) <= idle  # made the run dirty and the sandbox went).
   h.healthy()
   h.finish()
 
