@@ -74,6 +74,10 @@ def default_env_config() -> ml_collections.ConfigDict:
   c.sandbox.timeout_s = 5.0  # Wall clock per command; the whole process tree is killed.
   c.sandbox.cpu_s = 5  # RLIMIT_CPU per process.
   c.sandbox.memory_mb = 512  # Per process: RLIMIT_AS plus what /tmp and /dev/shm may hold.
+  # All the sandbox's processes together, with every page they hold (tmpfs, memfd, pipes):
+  # a memory cgroup per sandbox where one can be made ("auto"), else no total bound.
+  c.sandbox.total_memory_mb = 1024
+  c.sandbox.memory_cgroup = "auto"  # "auto" or "off".
   c.sandbox.tmpfs_mb = 32  # Size of the sandbox's /tmp (a tmpfs under bubblewrap) ...
   c.sandbox.shm_mb = 8  # ... and of /dev/shm; both are taken off RLIMIT_AS.
   c.sandbox.disk_quota_mb = 16  # Per episode: bytes the workspace may hold in total ...
@@ -170,6 +174,9 @@ def validate_env_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDi
   _check_int(c, "sandbox.cpu_s", 1)
   _check_int(c, "sandbox.memory_mb", 32)
   _check_int(c, "sandbox.file_size_mb", 1)
+  _check_int(c, "sandbox.total_memory_mb", s.memory_mb)
+  if s.memory_cgroup not in ("auto", "off"):
+    _fail("sandbox.memory_cgroup", s.memory_cgroup, "'auto' or 'off'")
   _check_int(c, "sandbox.tmpfs_mb", 1)
   _check_int(c, "sandbox.shm_mb", 1)
   if s.tmpfs_mb + s.shm_mb > s.memory_mb - 64:

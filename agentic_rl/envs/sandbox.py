@@ -65,7 +65,7 @@ import time
 
 import ml_collections
 
-from agentic_rl.envs import sandbox_server
+from agentic_rl.envs import cgroup, sandbox_server
 from agentic_rl.envs.config import validate_env_config
 from agentic_rl.envs.workspace import Workspace, remove_tree
 
@@ -108,6 +108,7 @@ class RunResult:
   duration_s: float
   signal: int | None = None  # The signal that ended the main process, if any.
   crashed: str = ""  # Why the sandbox ended without answering (server requests), else "".
+  oom_killed: bool = False  # The kernel killed a process of it at total_memory_mb.
   reply: str | None = None  # A graded call's reply (JSON text from the sandbox), if any.
   reply_oversized: bool = False  # The reply passed sandbox.max_reply_bytes and was dropped.
 
@@ -247,6 +248,7 @@ class _Isolation:
   drops_uid: bool
   description: str
   nested: bool = False  # The kernel allows the server's per-call namespaces here.
+  memory_cgroup: bool = False  # A memory cgroup per sandbox can be made here.
 
 
 _iso_lock = threading.Lock()
@@ -286,7 +288,8 @@ def _probe(config: ml_collections.ConfigDict) -> _Isolation:
         iso = _Isolation(level, py, prefix, net, _drops_uid(), "")
         ok, why, nested = _probe_one(config, iso)
         if ok:
-          iso = dataclasses.replace(iso, nested=nested)
+          iso = dataclasses.replace(iso, nested=nested, memory_cgroup=(
+              s.memory_cgroup == "auto" and cgroup.parent() is not None))
           if level == "fallback" and s.isolation == "auto":
             log.warning("sandbox: bubblewrap is not usable here (%s); using the rlimit fallback",
                         "; ".join(reasons) or "not tried")
@@ -341,6 +344,9 @@ def missing_guarantees(iso: _Isolation) -> list[str]:
     out += ["no per-call pid namespace: a process that leaves its process group is found by "
             "uid, and only where the uid is the sandbox's own",
             "no private /proc: host processes are visible"]
+  if not iso.memory_cgroup:
+    out.append("no memory cgroup: memory is bounded per process (RLIMIT_AS), not in total, "
+               "and pages held outside a mapping (memfd, pipes) are not counted")
   if not iso.network_isolated:
     out.append("network not isolated")
   return out
@@ -453,6 +459,9 @@ class Sandbox:
         self._pool.release(self.uid)
       raise
     self._stage_dir = None  # Host-side staging for graded runs, where calls share namespaces.
+    self._cgroup = None
+    if self._cfg.memory_cgroup == "auto":
+      self._cgroup = cgroup.MemoryCgroup.create(self._cfg.total_memory_mb << 20)
     self._prlimit = _which("prlimit")
     self._setpriv = _which("setpriv") if self.uid is not None else None
     self._kill = _which("kill") if self.uid is not None else None
@@ -501,6 +510,10 @@ class Sandbox:
             "PYTHONHASHSEED": "0"}
 
   def _command(self, python_args: list[str]) -> list[str]:
+    cmd = self._confined_command(python_args)
+    return self._cgroup.join_command(cmd) if self._cgroup is not None else cmd
+
+  def _confined_command(self, python_args: list[str]) -> list[str]:
     py = [self._iso.python] + python_args
     drop = []
     if self.uid is not None:
@@ -649,6 +662,7 @@ class Sandbox:
         if attempt:
           return RunResult(None, "", "", 0, 0, False, False, time.perf_counter() - t0,
                            crashed="the sandbox did not accept the request")
+    ooms = self._cgroup.oom_kills() if self._cgroup is not None else 0
     # The wall clock starts once the server is up: its start-up is ours, not the request's.
     result, keep = self._await_done(payload["id"], t0, time.perf_counter() + timeout)
     if (result.timed_out or result.output_limited) and self._can_spare_server():
@@ -659,6 +673,8 @@ class Sandbox:
       keep = keep and not (after.timed_out or after.output_limited or after.crashed)
     if not keep or not self.reuses_server:
       self._stop_server()  # Kills every process of the sandbox before returning.
+    if self._cgroup is not None and self._cgroup.oom_kills() > ooms:
+      result = dataclasses.replace(result, oom_killed=True)
     return result
 
   def _can_spare_server(self) -> bool:
@@ -807,6 +823,8 @@ class Sandbox:
       except Exception:  # Removing the workspace must still happen.
         log.exception("sandbox close: stopping the server failed")
       self.workspace.close()
+      if self._cgroup is not None:
+        self._cgroup.close()
       if self._stage_dir is not None:
         try:
           remove_tree(self._stage_dir)

@@ -247,6 +247,10 @@ def _run_request(req, workdir, reply_fd, status_fd):
   sys.pycache_prefix = "/nonexistent/agentic_rl_pycache"
   if _LIBC is not None:  # The agent's own process behaves as any other (A and B do not).
     _LIBC.prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+  try:  # At the sandbox's memory limit the kernel kills the agent's processes first.
+    _write_file("/proc/self/oom_score_adj", "1000")
+  except OSError:
+    pass
   code = 1
   try:
     if req.get("kind") == "calls":

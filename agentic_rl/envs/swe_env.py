@@ -234,6 +234,10 @@ class SweEnv:
       out.observation = f"{note}\n{out.observation}"
     return out
 
+  def _oom_text(self) -> str:
+    return (f"a process was killed at the sandbox's memory limit of "
+            f"{self.config.sandbox.total_memory_mb} MiB, all its processes together")
+
   def _quota_note(self) -> str:
     try:
       usage = self._sandbox.workspace.usage()
@@ -351,8 +355,9 @@ class SweEnv:
       if r.timed_out:
         return 0, f"TIMEOUT: the tests did not finish in {self.config.sandbox.timeout_s:g}s " \
                   f"(killed)\n0/{total} passed", r
-      why = why or ("killed: output limit exceeded" if r.output_limited else r.crashed
-                    or f"exit code {r.exit_code}")
+      why = why or ("killed: output limit exceeded" if r.output_limited
+                    else f"killed: {self._oom_text()}" if r.oom_killed
+                    else r.crashed or f"exit code {r.exit_code}")
       tail = (r.stderr or r.stdout).strip()[-300:]
       return 0, (f"the test run ended before reporting ({why})" + (f"\n{tail}" if tail else "")
                  + f"\n0/{total} passed"), r
@@ -399,6 +404,8 @@ class SweEnv:
       head = f"timeout: killed after {self.config.sandbox.timeout_s:g}s"
     elif r.output_limited:
       head = f"killed: wrote over {self.config.sandbox.output_kill_bytes} bytes of output"
+    elif r.oom_killed:
+      head = f"exit code {r.exit_code}; killed: {self._oom_text()}"
     elif r.crashed:
       head = f"killed: {r.crashed}"
     else:

@@ -116,3 +116,42 @@ def test_config_rejects_mounts_larger_than_the_memory_budget():
   c.sandbox.disk_quota_mb = c.sandbox.file_size_mb - 1
   with pytest.raises(ValueError, match="sandbox.disk_quota_mb"):
     validate_env_config(c)
+
+
+# Four processes, each holding 400 MiB in memfds written with write(): under RLIMIT_AS
+# each is fine (the pages are in no mapping); together they pass total_memory_mb.
+MEMFD_HOARD = """\
+import os, time
+def hold(mib):
+    fds = []
+    for i in range(mib // 8):
+        fd = os.memfd_create(f"m{i}")
+        for _ in range(8):
+            os.write(fd, b"x" * (1 << 20))
+        fds.append(fd)
+    return fds
+kids = []
+for k in range(4):
+    pid = os.fork()
+    if pid == 0:
+        hold(400)
+        time.sleep(2)
+        os._exit(0)
+    kids.append(pid)
+print("children", [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids])
+"""
+
+
+def test_memory_is_bounded_in_total(isolation):
+  from agentic_rl.envs import cgroup
+  if cgroup.parent() is None:
+    pytest.skip("no writable memory cgroup here (listed in the sandbox's warning)")
+  with _env(isolation, sandbox__total_memory_mb=768) as env:
+    env.reset(TASK)
+    r = env.step(F("python", code=MEMFD_HOARD))
+    assert "memory limit of 768 MiB" in r.observation, r.observation
+    r = env.step(F("test"))  # The sandbox still serves, the grader is unharmed.
+    assert r.info["tests_passed"] == TASK.initial_passed, r.observation
+    path = env._sandbox._cgroup.path
+  import os as _os
+  assert not _os.path.exists(path)  # Removed with the sandbox.

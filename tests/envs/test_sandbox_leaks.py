@@ -108,9 +108,10 @@ def test_the_fallback_says_which_guarantees_it_cannot_give(caplog):
   from agentic_rl.envs.sandbox import _Isolation, missing_guarantees, resolve_isolation
   weakest = _Isolation("fallback", "/usr/bin/python3", "/usr", False, False, "", nested=False)
   missing = missing_guarantees(weakest)
-  assert len(missing) == 8
+  assert len(missing) == 9
   assert missing_guarantees(dataclasses.replace(
-      weakest, level="bubblewrap", network_isolated=True, drops_uid=True, nested=True)) == []
+      weakest, level="bubblewrap", network_isolated=True, drops_uid=True, nested=True,
+      memory_cgroup=True)) == []
   # WORKSPACE.md lists each of them.
   doc = (pathlib.Path(__file__).parents[2] / "WORKSPACE.md").read_text()
   for line in missing:
