@@ -20,10 +20,11 @@ import dataclasses
 import json
 import os
 
-from agentic_rl.envs.sandbox_server import encode_plain, short_repr
+# One wire format, one decoder: the server's, strict, used on both sides.
+from agentic_rl.envs.sandbox_server import (MalformedReply, decode_plain, encode_plain,
+                                            short_repr)
 
 _PLAIN_SCALARS = (int, bool, float, str, bytes, type(None))
-_MAX_DEPTH = 32
 _MAX_TEXT = 4096  # Longest error, location or repr string kept from a reply.
 
 
@@ -49,43 +50,6 @@ def plain_equal(got, want) -> bool:
   if type(want) in _PLAIN_SCALARS:
     return got == want
   return False
-
-
-class MalformedReply(ValueError):
-  """The sandbox's reply is not what a graded run writes."""
-
-
-def decode_plain(tagged, depth: int = 0):
-  """The value of encode_plain's tagged form; MalformedReply on anything else."""
-  if depth > _MAX_DEPTH or not isinstance(tagged, list) or not tagged:
-    raise MalformedReply("not a tagged value")
-  tag, rest = tagged[0], tagged[1:]
-  try:
-    if tag == "N" and not rest:
-      return None
-    if tag == "B" and len(rest) == 1 and type(rest[0]) is bool:
-      return rest[0]
-    if tag == "I" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= 4300:
-      return int(rest[0])
-    if tag == "F" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= 64:
-      return float(rest[0])
-    if tag == "S" and len(rest) == 1 and type(rest[0]) is str:
-      return rest[0]
-    if tag == "Y" and len(rest) == 1 and type(rest[0]) is str:
-      return bytes.fromhex(rest[0])
-    if tag in ("L", "T") and len(rest) == 1 and type(rest[0]) is list:
-      items = [decode_plain(x, depth + 1) for x in rest[0]]
-      return items if tag == "L" else tuple(items)
-    if tag == "D" and len(rest) == 1 and type(rest[0]) is list:
-      out = {}
-      for pair in rest[0]:
-        if not isinstance(pair, list) or len(pair) != 2:
-          raise MalformedReply("bad dict item")
-        out[decode_plain(pair[0], depth + 1)] = decode_plain(pair[1], depth + 1)
-      return out
-  except (ValueError, TypeError) as e:  # int("x"), bytes.fromhex("zz"), unhashable keys.
-    raise MalformedReply(str(e)) from None
-  raise MalformedReply(f"unknown tag {tag!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 The host starts `python -I -S -B -c BOOTSTRAP` and sends this source,
 length-prefixed, on stdin, then one JSON line of settings (CONTROL_FD, WORKDIR,
-CHECK_LEFTOVERS, whether to try per-call namespaces): nothing is read from the workspace, and neither the source
-nor a host path is in any process's argv. The server imports
-the stdlib it needs once, before the workspace is on sys.path, writes a READY
+CHECK_LEFTOVERS, whether to try per-call namespaces): nothing is read from the
+workspace, and neither the source nor a host path is in any process's argv.
+The server imports the stdlib it needs once, before the workspace is on sys.path, writes a READY
 frame and serves one JSON request per stdin line. It never runs agent code
 itself and holds nothing secret: a graded request carries only each case's
 inputs, never an expected value.
@@ -59,6 +59,7 @@ _CLONE_NEWNS, _CLONE_NEWIPC = 0x00020000, 0x08000000
 _CLONE_NEWUSER, _CLONE_NEWPID = 0x10000000, 0x20000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _PR_SET_DUMPABLE, _PR_SET_CHILD_SUBREAPER = 4, 36
+_MAX_DEPTH = 32  # Nesting of plain data, encoded or decoded.
 
 try:
   _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -89,7 +90,7 @@ def encode_plain(value, max_chars):
 
   def enc(v, depth):
     budget[0] -= 4
-    if budget[0] < 0 or depth > 32:
+    if budget[0] < 0 or depth > _MAX_DEPTH:
       raise OverflowError
     t = type(v)
     if v is None:
@@ -121,28 +122,41 @@ def encode_plain(value, max_chars):
   return out if budget[0] >= 0 else None
 
 
-def decode_args(tagged):
-  """Inverse of encode_plain, for the host's own case inputs."""
-  tag = tagged[0]
-  if tag == "N":
-    return None
-  if tag == "B":
-    return bool(tagged[1])
-  if tag == "I":
-    return int(tagged[1])
-  if tag == "F":
-    return float(tagged[1])
-  if tag == "S":
-    return str(tagged[1])
-  if tag == "Y":
-    return bytes.fromhex(tagged[1])
-  if tag == "L":
-    return [decode_args(x) for x in tagged[1]]
-  if tag == "T":
-    return tuple(decode_args(x) for x in tagged[1])
-  if tag == "D":
-    return {decode_args(k): decode_args(v) for k, v in tagged[1]}
-  raise ValueError(f"unknown tag {tag!r}")
+class MalformedReply(ValueError):
+  """Tagged data (or a reply) that is not what encode_plain / a graded run writes."""
+
+
+def decode_plain(tagged, depth: int = 0):
+  """The value of encode_plain's tagged form; MalformedReply on anything else."""
+  if depth > _MAX_DEPTH or not isinstance(tagged, list) or not tagged:
+    raise MalformedReply("not a tagged value")
+  tag, rest = tagged[0], tagged[1:]
+  try:
+    if tag == "N" and not rest:
+      return None
+    if tag == "B" and len(rest) == 1 and type(rest[0]) is bool:
+      return rest[0]
+    if tag == "I" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= 4300:
+      return int(rest[0])
+    if tag == "F" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= 64:
+      return float(rest[0])
+    if tag == "S" and len(rest) == 1 and type(rest[0]) is str:
+      return rest[0]
+    if tag == "Y" and len(rest) == 1 and type(rest[0]) is str:
+      return bytes.fromhex(rest[0])
+    if tag in ("L", "T") and len(rest) == 1 and type(rest[0]) is list:
+      items = [decode_plain(x, depth + 1) for x in rest[0]]
+      return items if tag == "L" else tuple(items)
+    if tag == "D" and len(rest) == 1 and type(rest[0]) is list:
+      out = {}
+      for pair in rest[0]:
+        if not isinstance(pair, list) or len(pair) != 2:
+          raise MalformedReply("bad dict item")
+        out[decode_plain(pair[0], depth + 1)] = decode_plain(pair[1], depth + 1)
+      return out
+  except (ValueError, TypeError) as e:  # int("x"), bytes.fromhex("zz"), unhashable keys.
+    raise MalformedReply(str(e)) from None
+  raise MalformedReply(f"unknown tag {tag!r}")
 
 
 # ---- reports of errors ----
@@ -196,7 +210,7 @@ def run_calls(req, workdir, reply_fd):
     else:
       for name, args in req["calls"]:
         try:
-          value = functions[name](*[decode_args(a) for a in args])
+          value = functions[name](*[decode_plain(a) for a in args])
         except BaseException as e:
           text, where = describe_error(e, workdir, max_repr)
           reply["outcomes"].append({"status": "error", "error": text, "where": where})

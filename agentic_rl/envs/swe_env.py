@@ -337,8 +337,8 @@ class SweEnv:
       source = None  # Missing, a directory, not a regular file: graded as no module.
     except PathRefused:
       source = None  # A symlink out of the workspace: the module is not there.
-    nested = sb.per_call_namespaces_or_probe()
-    stage = sb.graded_stage_dir()
+    stage = sb.graded_stage_dir()  # Starts the server: per_call_namespaces is known after.
+    nested = sb.per_call_namespaces
     if not nested:
       grading.stage_module(sb.stage_dir(), task.module_path, source)
     r = sb.request(grading.build_request(task, source, self.config.sandbox, stage,
