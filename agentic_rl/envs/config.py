@@ -14,7 +14,9 @@ import ml_collections
 
 ISOLATION_LEVELS = ("auto", "bubblewrap", "fallback")
 PER_CALL_NAMESPACES = ("auto", "off")
-BUDGET_END_REWARDS = ("zero", "tests_fraction")
+BUDGET_END_REWARDS = ("zero", "measured")
+# How a measured test outcome becomes reward (agentic_rl/envs/swe_env.py: episode_reward).
+REWARDS = ("repaired_fraction", "tests_fraction", "outcome")
 BUG_FAMILIES = (
     "wrong_constant",
     "swapped_operator",
@@ -56,7 +58,12 @@ def default_env_config() -> ml_collections.ConfigDict:
 
   c.max_turns = 20  # Turn budget: every step() is one turn, malformed calls included.
   c.time_budget_s = 300.0  # Wall-clock budget from reset(), model time included.
-  c.budget_end_reward = "zero"  # Reward when a budget ends an unsubmitted episode.
+  # repaired_fraction: max(0, passing now - passing at the start) / failing at the start,
+  # so tests the untouched repo already passed earn nothing and "ls, test, submit" earns 0;
+  # tests_fraction: passing / total (gives that partial credit); outcome: 1 if all pass.
+  c.reward = "repaired_fraction"
+  # Reward when a budget ends an unsubmitted episode: zero, or `reward` on the tests then.
+  c.budget_end_reward = "zero"
   c.process_signal_on_edit = True  # Re-measure tests (hidden) after each replace.
 
   c.max_observation_chars = 1200  # Hard bound on every observation returned.
@@ -154,6 +161,8 @@ def validate_env_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDi
     _fail("bug_families", fams, f"a non-empty subset of {BUG_FAMILIES}")
   _check_int(c, "max_turns", 1, 10_000)
   _check_pos_float(c, "time_budget_s")
+  if c.reward not in REWARDS:
+    _fail("reward", c.reward, f"one of {REWARDS}")
   if c.budget_end_reward not in BUDGET_END_REWARDS:
     _fail("budget_end_reward", c.budget_end_reward, f"one of {BUDGET_END_REWARDS}")
   _check_int(c, "max_observation_chars", 200)

@@ -7,8 +7,10 @@ raises out of `step`: malformed calls, unknown or denied tools, bad arguments,
 paths outside the workspace, crashing or hostile code all become an error
 observation and an audited decision.
 
-Reward: the fraction of tests passing at submit (`budget_end_reward` decides
-what an episode ended by a budget gets). Process signal: after every turn
+Reward (`config.reward`, `episode_reward`): by default the fraction of the initially
+failing tests that the submitted code repairs, net of tests it breaks, floored at 0;
+tests the untouched repository already passed earn nothing, so submitting without an
+edit earns 0 (`budget_end_reward` decides what an episode ended by a budget gets). Process signal: after every turn
 that changes or measures the code (replace, test, submit), the env knows the
 fraction of tests passing; info['process_signal'] is its change this turn, so
 over an episode the signals sum to final minus initial fraction. With
@@ -76,6 +78,22 @@ def bound_text(text: str, limit: int) -> tuple[str, bool]:
   marker = f"\n[output truncated: {{}} of {len(text)} chars shown]"
   keep = max(0, limit - len(marker.format(limit)))
   return text[:keep] + marker.format(keep), True
+
+
+def episode_reward(mode: str, passed: int, initial_passed: int, total: int) -> float:
+  """The reward of ending with `passed` of `total` tests passing, `initial_passed` at reset.
+
+  repaired_fraction = max(0, newly passing - newly failing) / initially failing, and
+  newly passing - newly failing = passed - initial_passed, whichever tests they are.
+  """
+  if mode == "tests_fraction":
+    return passed / total
+  if mode == "outcome" or initial_passed >= total:
+    return float(passed == total)
+  if mode == "repaired_fraction":
+    return max(0, passed - initial_passed) / (total - initial_passed)
+  raise ValueError(f"config.reward={mode!r}: expected repaired_fraction, tests_fraction "
+                   f"or outcome.")
 
 
 class SweEnv:
@@ -156,20 +174,20 @@ class SweEnv:
 
     end_reason, reward = None, 0.0
     if out.submitted:
-      end_reason, reward = "submit", self.tests_passed / self.tests_total
+      end_reason, reward = "submit", self._reward()
     elif out.reason == "time budget exhausted" or time.monotonic() - self._t0 >= c.time_budget_s:
       end_reason = "time_budget"
     elif self.turn >= c.max_turns:
       end_reason = "turn_budget"
     observation = out.observation
     if end_reason in ("time_budget", "turn_budget"):
-      if c.budget_end_reward == "tests_fraction":
+      if c.budget_end_reward == "measured":
         if not c.process_signal_on_edit:
           try:
             self.tests_passed = self._measure_tests()[0]
           except Exception:  # Never raised into the rollout; the episode ends unmeasured.
             log.exception("the budget-end test run failed on the host")
-        reward = self.tests_passed / self.tests_total
+        reward = self._reward()
       budget = "time" if end_reason == "time_budget" else "turn"
       suffix = f"\n[episode over: {budget} budget reached; reward {reward:.2f}]"
     else:
@@ -195,6 +213,10 @@ class SweEnv:
     if self.done:
       info["end_reason"] = end_reason
     return StepResult(observation, float(reward), self.done, info)
+
+  def _reward(self) -> float:
+    return episode_reward(self.config.reward, self.tests_passed, self._task.initial_passed,
+                          self.tests_total)
 
   def close(self) -> None:
     """Ends the episode and removes its workspace; never raises on what the agent did."""
@@ -416,7 +438,8 @@ class SweEnv:
   def _submit(self) -> _Outcome:
     passed, text, r = self._measure_tests()
     total = self._task.num_tests
-    obs = f"submitted: {passed}/{total} tests pass (reward {passed / total:.2f})"
+    reward = episode_reward(self.config.reward, passed, self._task.initial_passed, total)
+    obs = f"submitted: {passed}/{total} tests pass (reward {reward:.2f})"
     if passed < total:
       obs += "\n" + text
     decision, reason = self._run_decision(r)

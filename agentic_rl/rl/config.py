@@ -32,6 +32,11 @@ PRIORITIES = ("uniform", "middling", "band")
 def default_rl_config() -> ml_collections.ConfigDict:
   """Defaults: GRPO with clip-higher PPO, token-mean loss, full replay, no correction."""
   c = ml_collections.ConfigDict()
+  # Passes over each rollout batch, each in `minibatches` shuffled optimiser updates. Above
+  # one update per batch, the old policy is the behaviour policy (objective.old_logp_source)
+  # scored before the first update, so the clip acts from the second update on.
+  c.ppo_epochs = 1
+  c.minibatches = 1
 
   a = c.advantage = ml_collections.ConfigDict()
   a.estimator = "grpo"
@@ -110,6 +115,15 @@ def default_rl_config() -> ml_collections.ConfigDict:
   t.heldout_fraction = 0.1
   t.heldout_seed = 0
   t.eval_samples_per_task = 4
+  # TaskPool (the training loop's selector): a pool of tasks revisited until retired.
+  t.pool_size = 64  # Tasks held; 0 = no pool: every pick is a fresh task from the stream.
+  t.max_visits = 4  # A task retires after this many groups (or once all its outcomes agree).
+  t.curriculum = ()  # Tier names, easiest first; () = off (the env's default tier only).
+  t.curriculum_window = 64  # Promotion looks at the current tier's last N episodes...
+  t.promote_pass_rate = 0.7  # ...and moves new tasks to the next tier once they pass this.
+  # A task's prior is its family's pass rate (worth prior_weight outcomes), itself shrunk
+  # toward prior_pass_rate as if the family had this many more outcomes.
+  t.family_prior_weight = 4.0
   return c
 
 
@@ -117,6 +131,8 @@ def default_rl_config() -> ml_collections.ConfigDict:
 class RLSpec:
   """A hashable, validated view of `config.rl`."""
 
+  ppo_epochs: int
+  minibatches: int
   estimator: str
   adv_eps: float
   gamma: float
@@ -182,6 +198,17 @@ class RLSpec:
   heldout_fraction: float
   heldout_seed: int
   eval_samples_per_task: int
+  pool_size: int
+  max_visits: int
+  curriculum: tuple[str, ...]
+  curriculum_window: int
+  promote_pass_rate: float
+  family_prior_weight: float
+
+  @property
+  def updates_per_step(self) -> int:
+    """Optimiser updates per rollout batch."""
+    return self.ppo_epochs * self.minibatches
 
   @property
   def uses_values(self) -> bool:
@@ -220,6 +247,8 @@ def validate(rl_config: ml_collections.ConfigDict, model_config=None) -> RLSpec:
   c = rl_config
   a, o, l, k, r, m, p, t = (c.advantage, c.objective, c.loss, c.correction, c.replay,
                             c.mismatch, c.optim, c.task_selection)
+  for name in ("ppo_epochs", "minibatches"):
+    _require(_int(c[name]) and c[name] > 0, name, c[name], "a positive integer")
   _choice(a, "estimator", "advantage.estimator", ADVANTAGE_ESTIMATORS)
   _require(_number(a.eps) and a.eps > 0, "advantage.eps", a.eps, "a positive number")
   for name in ("gamma", "gae_lambda", "turn_gamma"):
@@ -321,6 +350,21 @@ def validate(rl_config: ml_collections.ConfigDict, model_config=None) -> RLSpec:
   _require(_int(t.eval_samples_per_task) and t.eval_samples_per_task > 0,
            "task_selection.eval_samples_per_task", t.eval_samples_per_task,
            "a positive integer")
+  _require(_int(t.pool_size) and t.pool_size >= 0, "task_selection.pool_size", t.pool_size,
+           "an integer >= 0 (0 = no pool)")
+  _require(_int(t.max_visits) and t.max_visits > 0, "task_selection.max_visits",
+           t.max_visits, "a positive integer")
+  curriculum = t.curriculum
+  _require(isinstance(curriculum, (tuple, list))
+           and all(isinstance(tier, str) and tier for tier in curriculum)
+           and len(set(curriculum)) == len(curriculum), "task_selection.curriculum",
+           curriculum, "a tuple of distinct, non-empty tier names (() = no curriculum)")
+  _require(_int(t.curriculum_window) and t.curriculum_window > 0,
+           "task_selection.curriculum_window", t.curriculum_window, "a positive integer")
+  _require(_number(t.promote_pass_rate) and 0.0 <= t.promote_pass_rate <= 1.0,
+           "task_selection.promote_pass_rate", t.promote_pass_rate, "a number in [0, 1]")
+  _require(_number(t.family_prior_weight) and t.family_prior_weight >= 0,
+           "task_selection.family_prior_weight", t.family_prior_weight, "a number >= 0")
 
   if model_config is not None:
     if a.estimator == "gae" and not model_config.get("value_head", False):
@@ -328,6 +372,7 @@ def validate(rl_config: ml_collections.ConfigDict, model_config=None) -> RLSpec:
                        "config.model.value_head=True.")
 
   return RLSpec(
+      ppo_epochs=c.ppo_epochs, minibatches=c.minibatches,
       estimator=a.estimator, adv_eps=float(a.eps), gamma=float(a.gamma),
       gae_lambda=float(a.gae_lambda), turn_gamma=float(a.turn_gamma),
       turn_weight=float(a.turn_weight), turn_normalize_std=bool(a.turn_normalize_std),
@@ -355,4 +400,7 @@ def validate(rl_config: ml_collections.ConfigDict, model_config=None) -> RLSpec:
       priority=t.priority, band_low=float(t.band_low), band_high=float(t.band_high),
       priority_floor=float(t.priority_floor), dynamic_sampling=t.dynamic_sampling,
       max_sampling_rounds=t.max_sampling_rounds, heldout_fraction=float(t.heldout_fraction),
-      heldout_seed=t.heldout_seed, eval_samples_per_task=t.eval_samples_per_task)
+      heldout_seed=t.heldout_seed, eval_samples_per_task=t.eval_samples_per_task,
+      pool_size=t.pool_size, max_visits=t.max_visits, curriculum=tuple(curriculum),
+      curriculum_window=t.curriculum_window, promote_pass_rate=float(t.promote_pass_rate),
+      family_prior_weight=float(t.family_prior_weight))

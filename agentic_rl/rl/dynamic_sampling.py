@@ -2,9 +2,9 @@
 
 A group whose rewards are all equal has zero group-relative advantage
 everywhere, so it adds no policy gradient. `DynamicSampler.collect` asks the
-rollout side for groups of tasks chosen by a `TaskSelector`, records every
-outcome in the pass-rate tracker (the dropped groups are informative for task
-selection), keeps the groups with differing rewards and asks again until the
+rollout side for groups of tasks chosen by a `TaskSelector` or `TaskPool`,
+records every outcome with the selector (the dropped groups are informative for
+task selection), keeps the groups with differing rewards and asks again until the
 batch is full or `max_sampling_rounds` have run. If still short, it tops the
 batch up with dropped groups so the learner's batch keeps its (jit) shape and
 says how many it used.
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from agentic_rl.rl.task_selection import TaskSelector
+from agentic_rl.rl.task_selection import TaskPool, TaskSelector
 
 
 def is_informative(rewards: Sequence[float], tol: float = 1e-9) -> bool:
@@ -64,7 +64,7 @@ GenerateFn = Callable[[list, int], Sequence[Group]]
 class DynamicSampler:
   """Fills batches with informative groups; see the module doc."""
 
-  def __init__(self, selector: TaskSelector, generate: GenerateFn):
+  def __init__(self, selector: TaskSelector | TaskPool, generate: GenerateFn):
     """generate(task_ids, group_size) -> one `Group` per task id, in order."""
     self.selector = selector
     self.generate = generate

@@ -71,19 +71,23 @@ def policy_outputs(model, params, batch: Batch, spec: RLSpec) -> dict[str, Any]:
   return {"logp_bt": logp_bt, "entropy_bt": entropy_bt, "values_bt": values_bt, "aux": aux}
 
 
-def with_old_policy(model, params, batch: Batch, spec: RLSpec) -> Batch:
-  """The batch with old_logp_bt (and old_values_bt) filled by the current params.
+def with_old_policy(model, params, batch: Batch, spec: RLSpec, ref_params=None) -> Batch:
+  """The batch with old_logp_bt (and old_values_bt) filled by `params`, and ref_logp_bt by
+  `ref_params` when the loss has a KL term.
 
-  Call once before several epochs over one batch; then every epoch's ratio is
-  against the policy the batch was sampled from.
+  Call once before several epochs over one batch: every epoch's ratio is then against the
+  policy the batch was sampled from, and the reference is scored once, not per update.
   """
   out = policy_outputs(model, params, batch, spec)
   mask = batch.loss_mask_bt > 0
   old_values = None
   if out["values_bt"] is not None:
     old_values = jnp.where(mask, out["values_bt"], 0.0)
+  ref_logp = batch.ref_logp_bt
+  if spec.kl_coef > 0 and ref_logp is None and ref_params is not None:
+    ref_logp = jnp.where(mask, policy_outputs(model, ref_params, batch, spec)["logp_bt"], 0.0)
   return batch.replace(old_logp_bt=jnp.where(mask, out["logp_bt"], 0.0),
-                       old_values_bt=old_values)
+                       old_values_bt=old_values, ref_logp_bt=ref_logp)
 
 
 def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, spec: RLSpec,
@@ -98,9 +102,9 @@ def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, s
     learner_old_bt = jnp.where(on_bt, batch.old_logp_bt, 0.0)
   else:
     learner_old_bt = jax.lax.stop_gradient(logp_bt)
-  ppo_old_bt = learner_old_bt
-  if batch.old_logp_bt is None and spec.old_logp_source == "sampler":
-    ppo_old_bt = sampler_logp_bt
+  # The PPO ratio's denominator is the behaviour policy: the learner's score of it before
+  # this round of updates, or the sampler's own log-probs (the clip then bounds both).
+  ppo_old_bt = sampler_logp_bt if spec.old_logp_source == "sampler" else learner_old_bt
 
   sums = {}
   if spec.uses_values:

@@ -1,11 +1,19 @@
-"""One jitted learner update: micro-batch accumulation, AdamW, clipping, a non-finite guard.
+"""The learner's step on one rollout batch: PPO epochs of jitted minibatch updates, each with
+micro-batch accumulation, AdamW, clipping and a non-finite guard.
 
     spec = rl_config.validate(cfg.rl, cfg.model)
     state = init_train_state(model, params, spec, ref_params=None)
     train_step = make_train_step(model, spec)
     state, metrics = train_step(state, batch)
 
-Order inside the step:
+With config.rl.ppo_epochs x config.rl.minibatches > 1, the step first scores the batch
+with the params it starts from (learner.with_old_policy: the old policy, and the KL
+reference once), computes group advantages on the whole batch, then runs ppo_epochs passes,
+each over `minibatches` shuffled row subsets; the learning-rate schedule counts rollout
+batches, not updates. Metrics are means over the updates, with clip_frac of the first and
+last epoch beside them. With one update per batch the step is one jitted update, as below.
+
+Order inside one update:
   1. group advantages on the whole batch (GAE is computed per micro-batch, it
      needs the critic and no cross-sequence statistics);
   2. loss and gradient per micro-batch (lax.scan), summed; every micro-batch
@@ -25,6 +33,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from agentic_rl.model import transformer
@@ -46,10 +55,14 @@ class TrainState:
 
 
 def learning_rate_schedule(spec: RLSpec) -> optax.Schedule:
-  """Linear warmup from 0 to learning_rate, then cosine decay to end_lr_ratio * it."""
-  return optax.warmup_cosine_decay_schedule(
+  """Linear warmup from 0 to learning_rate, then cosine decay to end_lr_ratio * it, over
+  rollout batches: every update of one batch's PPO epochs gets that batch's rate."""
+  per_batch = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=spec.learning_rate, warmup_steps=spec.warmup_steps,
       decay_steps=spec.decay_steps, end_value=spec.learning_rate * spec.end_lr_ratio)
+  if spec.updates_per_step == 1:
+    return per_batch
+  return lambda count: per_batch(count // spec.updates_per_step)
 
 
 def weight_decay_mask(params):
@@ -112,8 +125,9 @@ def _finalize_metrics(sums, norms, grad_norm, finite, state, lr):
   return metrics
 
 
-def make_train_step(model, spec: RLSpec, *, donate: bool = False):
-  """A jitted `train_step(state, batch) -> (state, metrics)` for `model` under `spec`."""
+def make_update(model, spec: RLSpec, *, donate: bool = False):
+  """A jitted `update(state, batch, adv_bt) -> (state, metrics)`: one optimiser update on
+  `batch`; adv_bt None computes the group advantages from `batch` itself."""
   optimizer = make_optimizer(spec)
   schedule = learning_rate_schedule(spec)
   m = spec.num_micro_batches
@@ -125,19 +139,19 @@ def make_train_step(model, spec: RLSpec, *, donate: bool = False):
 
   grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-  def train_step(state: TrainState, batch: Batch):
+  def update(state: TrainState, batch: Batch, adv_bt=None):
     b = batch.batch_size
     if b % m:
       raise ValueError(f"batch size {b} is not divisible by "
                        f"config.rl.optim.num_micro_batches={m}.")
     learner.check_replay_available(batch, spec, model_spec)
     norms = objectives.loss_normalizers(batch.loss_mask_bt, spec.constant_normalizer)
-    if spec.uses_values:
+    if adv_bt is not None:
+      pass
+    elif spec.uses_values:
       adv_bt = jnp.zeros_like(batch.loss_mask_bt)  # computed per micro-batch from values
     else:
-      adv_bt = adv_lib.batch_advantages(spec, batch.rewards_b, batch.group_id_b,
-                                        batch.loss_mask_bt, batch.process_reward_bt,
-                                        batch.turn_index_bt)
+      adv_bt = batch_advantages(spec, batch)
     if m == 1:
       (_, (sums, loads)), grads = grad_fn(state.params, state.ref_params, batch, adv_bt, norms)
     else:
@@ -175,4 +189,66 @@ def make_train_step(model, spec: RLSpec, *, donate: bool = False):
         skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32))
     return new_state, _finalize_metrics(sums, norms, grad_norm, finite, new_state, lr)
 
-  return jax.jit(train_step, donate_argnums=(0,) if donate else ())
+  return jax.jit(update, donate_argnums=(0,) if donate else ())
+
+
+def batch_advantages(spec: RLSpec, batch: Batch):
+  """Group (or turn-level) advantages of the whole batch, target aligned [B, T]."""
+  return adv_lib.batch_advantages(spec, batch.rewards_b, batch.group_id_b, batch.loss_mask_bt,
+                                  batch.process_reward_bt, batch.turn_index_bt)
+
+
+def _take_rows(tree, rows):
+  return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), tree)
+
+
+def _mean_metrics(per_update: list[dict]) -> dict:
+  """Means over a step's updates; counters and the learning rate as after the last one."""
+  last = per_update[-1]
+  out = {k: jnp.mean(jnp.stack([m[k] for m in per_update]), axis=0) for k in last}
+  for k in ("skipped_steps", "learning_rate"):
+    out[k] = last[k]
+  return out
+
+
+def make_train_step(model, spec: RLSpec, *, donate: bool = False):
+  """`train_step(state, batch) -> (state, metrics)` for `model` under `spec` (module doc)."""
+  update = make_update(model, spec, donate=donate)
+  if spec.updates_per_step == 1:
+    return lambda state, batch: update(state, batch, None)
+
+  micro = spec.num_micro_batches
+  score_fn = jax.jit(lambda params, ref_params, batch: learner.with_old_policy(
+      model, params, batch, spec, ref_params))
+  advantages_fn = jax.jit(lambda batch: jnp.zeros_like(batch.loss_mask_bt) if spec.uses_values
+                          else batch_advantages(spec, batch))
+  update_rows = jax.jit(lambda state, batch, adv_bt, rows: update(
+      state, _take_rows(batch, rows), _take_rows(adv_bt, rows)))
+
+  def train_step(state: TrainState, batch: Batch):
+    b, mb = batch.batch_size, spec.minibatches
+    if b % mb or (b // mb) % micro:
+      raise ValueError(f"batch size {b} does not split into config.rl.minibatches={mb} "
+                       f"minibatches of a multiple of config.rl.optim.num_micro_batches="
+                       f"{micro} rows.")
+    learner.check_replay_available(batch, spec, model.spec)
+    scored = score_fn(state.params, state.ref_params, batch)
+    adv_bt = advantages_fn(scored)
+    # Row order per epoch from the update count: a resumed run shuffles the same way.
+    rng = np.random.default_rng([17, int(jax.device_get(state.step))])
+    per_update, first_clip = [], []
+    for epoch in range(spec.ppo_epochs):
+      order = rng.permutation(b) if mb > 1 else np.arange(b)
+      for rows in np.split(order, mb):
+        state, metrics = update_rows(state, scored, adv_bt, jnp.asarray(rows, jnp.int32))
+        per_update.append(metrics)
+        if epoch == 0:
+          first_clip.append(metrics["clip_frac"])
+    metrics = _mean_metrics(per_update)
+    metrics["clip_frac_first_epoch"] = jnp.mean(jnp.stack(first_clip))
+    metrics["clip_frac_last_epoch"] = jnp.mean(jnp.stack(
+        [m["clip_frac"] for m in per_update[-mb:]]))
+    metrics["updates"] = jnp.float32(len(per_update))
+    return state, metrics
+
+  return train_step

@@ -11,8 +11,15 @@ def default_train_config() -> ml_collections.ConfigDict:
   c.sft_demos = 64  # Expert episodes recorded for SFT (train split).
   c.sft_batch_size = 8
   c.sft_learning_rate = 3e-3
+  # Plateau stop: every sft_eval_every steps, score the expert's demonstrations of
+  # sft_validation_demos train tasks outside the SFT set (token NLL); stop after
+  # sft_patience scores without a new best by sft_min_delta, and keep the best params.
+  # sft_eval_every = 0 runs all sft_steps.
+  c.sft_eval_every = 0
+  c.sft_validation_demos = 64
+  c.sft_patience = 3
+  c.sft_min_delta = 0.002
   c.groups_per_step = 4  # Task groups per RL step (each of config.rollout.group_size samples).
-  c.candidates_per_group = 3  # Candidate tasks drawn from grain per group, ranked by priority.
   c.eval_every = 10  # RL steps between held-out evaluations (and at the end).
   c.eval_tasks = 32  # Held-out tasks per evaluation.
   # 0 = greedy. Above 0 the held-out solve rate is the policy's pass@1 at this temperature,
@@ -80,7 +87,15 @@ def validate_train_config(c: ml_collections.ConfigDict) -> ml_collections.Config
     if not isinstance(c[field], int) or c[field] < (0 if field == "sft_steps" else -1):
       raise ValueError(f"config.train.{field}={c[field]!r}: expected an integer "
                        f"{'>= 0' if field == 'sft_steps' else '>= -1'}.")
-  for field in ("sft_demos", "sft_batch_size", "groups_per_step", "candidates_per_group",
+  for field in ("sft_eval_every",):
+    if not isinstance(c[field], int) or c[field] < 0:
+      raise ValueError(f"config.train.{field}={c[field]!r}: expected an integer >= 0 "
+                       f"(0 = no plateau stop).")
+  if (isinstance(c.sft_min_delta, bool) or not isinstance(c.sft_min_delta, (int, float))
+      or c.sft_min_delta < 0):
+    raise ValueError(f"config.train.sft_min_delta={c.sft_min_delta!r}: expected a number "
+                     f">= 0.")
+  for field in ("sft_validation_demos", "sft_patience", "sft_demos", "sft_batch_size", "groups_per_step",
                 "eval_every", "eval_tasks", "eval_samples", "checkpoint_every", "keep_checkpoints",
                 "log_samples_every", "num_processes"):
     if not isinstance(c[field], int) or c[field] <= 0:

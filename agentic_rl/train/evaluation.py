@@ -7,6 +7,11 @@ on Code"), averaged over tasks; at k = n it is "any sample solved it".
 
 pass@n - pass@1 bounds what sharpening alone can win: RL that only moves probability
 onto answers the policy already samples lifts pass@1 at most to pass@n.
+
+Error bars treat the task as the independent unit: the samples of one task share its
+difficulty, so they are correlated and counting episodes would understate the error.
+A before/after comparison on the same tasks is paired per task, which cancels the
+task-difficulty variance that both scores share.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import math
 import numpy as np
 
 SOLVED_REWARD = 1.0 - 1e-9  # Solved = every test passes at submit.
+Z95 = 1.959964  # Two-sided 95% normal quantile.
 
 
 def episode_rates(prefix: str, rewards_n: np.ndarray) -> dict:
@@ -66,3 +72,51 @@ def pass_at_k_curve(solved_bk: np.ndarray) -> dict[int, float]:
   ks = sorted({2 ** i for i in range(samples.bit_length()) if 2 ** i < samples} | {samples})
   solves_b = solved_bk.sum(axis=1).round().astype(np.int64)
   return {k: pass_at_k(solves_b, samples, k) for k in ks}
+
+
+def _per_task_means(name: str, solved_bk) -> np.ndarray:
+  """Each task's mean over its samples, from a [num_tasks, samples] matrix."""
+  solved_bk = np.asarray(solved_bk, np.float64)
+  if solved_bk.ndim != 2 or solved_bk.shape[0] == 0 or solved_bk.shape[1] == 0:
+    raise ValueError(f"{name} must be a non-empty [num_tasks, samples] matrix; "
+                     f"got shape {solved_bk.shape}")
+  return solved_bk.mean(axis=1)
+
+
+def _stderr_of_mean(values_b: np.ndarray) -> float:
+  """Standard error of the mean of independent values (ddof=1); 0.0 for one value."""
+  if values_b.size < 2:
+    return 0.0  # One task gives no spread to estimate; report no error bar, not NaN.
+  return float(values_b.std(ddof=1) / math.sqrt(values_b.size))
+
+
+def pass1_stderr(solved_bk) -> float:
+  """Standard error of pass@1 (= solved_bk.mean()) over [num_tasks, samples] solves.
+
+  Tasks, not episodes, are the independent unit: the samples of one task share its
+  difficulty, so treating num_tasks * samples episodes as independent would shrink the
+  error bar by up to sqrt(samples). This is the std over tasks of the per-task mean
+  (ddof=1) over sqrt(num_tasks); 0.0 with one task.
+  """
+  return _stderr_of_mean(_per_task_means("solved_bk", solved_bk))
+
+
+def paired_gain(before_bk, after_bk) -> dict:
+  """Gain in pass@1 on the same held-out tasks scored before and after training.
+
+  Row b of both matrices must be the same task; sample counts may differ. The stderr
+  comes from the per-task differences of per-task means, so the variance in task
+  difficulty that both scores share cancels (paired), and the 95% interval is
+  gain +- 1.959964 stderr.
+  """
+  before_b = _per_task_means("before_bk", before_bk)
+  after_b = _per_task_means("after_bk", after_bk)
+  if before_b.size != after_b.size:
+    raise ValueError(f"paired_gain needs the same held-out tasks before and after; got "
+                     f"{before_b.size} tasks before and {after_b.size} after")
+  diff_b = after_b - before_b
+  # Equals after_bk.mean() - before_bk.mean(): each side has one sample count for all rows.
+  gain = float(diff_b.mean())
+  stderr = _stderr_of_mean(diff_b)
+  return {"gain": gain, "stderr": stderr, "ci95_low": gain - Z95 * stderr,
+          "ci95_high": gain + Z95 * stderr, "num_tasks": int(diff_b.size)}

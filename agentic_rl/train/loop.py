@@ -44,8 +44,11 @@ from agentic_rl.rollout import tokenizer as tokenizer_lib
 from agentic_rl.rollout.trajectory import to_batch
 from agentic_rl.train import config as train_config_lib
 from agentic_rl.train import distributed
-from agentic_rl.train.evaluation import (episode_rates, heldout_scores,
-                                         heldout_solved_matrix, pass_at_k_curve)
+from agentic_rl.train.curves import history_row, write_curves
+from agentic_rl.train.evaluation import (episode_rates, heldout_scores, heldout_solved_matrix,
+                                         paired_gain, pass1_stderr, pass_at_k_curve,
+                                         SOLVED_REWARD)
+from agentic_rl.train import params_file
 from agentic_rl.train import sft as sft_lib
 from agentic_rl.train.checkpointing import Checkpointer, resolve_checkpoint
 from agentic_rl.train.metrics_logger import MetricsLogger
@@ -68,40 +71,20 @@ class _Route:
   eval_engine: engine_lib.RolloutEngine
 
 
-class _CandidatePool:
-  """Task selection over the grain stream: candidates ranked by pass-rate priority.
+class _TaskStream:
+  """New train tasks per tier, in grain's seeded shuffle of that tier's split, read by
+  position: every process sees the same order, and a checkpoint holds just the positions."""
 
-  Implements the selector interface `DynamicSampler` needs (spec, sample, record).
-  Outcomes are buffered and applied to the tracker after all processes have
-  shared theirs, so every process holds the same statistics.
-  """
+  def __init__(self, sources: dict, seed: int):
+    self._orders = {tier: grain.MapDataset.range(len(src)).shuffle(seed=seed + rank)
+                    for rank, (tier, src) in enumerate(sources.items())}
+    self.position = {tier: 0 for tier in sources}
 
-  def __init__(self, spec, tracker, iterator, rng, shard: tuple[int, int]):
-    self.spec, self.tracker, self._iterator, self._rng = spec, tracker, iterator, rng
-    self._pool: list[int] = []
-    self._shard = shard
-    self.outcomes: list[tuple[int, float]] = []
-
-  def refill(self, n: int):
-    self._pool.extend(int(next(self._iterator)) for _ in range(n))
-
-  def sample(self, n: int) -> list[int]:
-    index, count = self._shard
-    mine = [t for i, t in enumerate(self._pool) if i % count == index]
-    while len(mine) < n:
-      self.refill(count * (n - len(mine)))
-      mine = [t for i, t in enumerate(self._pool) if i % count == index]
-    w = task_selection.task_weights(self.tracker.pass_rates(mine), self.spec.priority,
-                                    band_low=self.spec.band_low, band_high=self.spec.band_high,
-                                    floor=self.spec.priority_floor)
-    picks = self._rng.choice(len(mine), size=n, replace=False, p=w / w.sum())
-    chosen = [mine[i] for i in picks]
-    for t in chosen:
-      self._pool.remove(t)
-    return chosen
-
-  def record(self, task_ids, rewards):
-    self.outcomes.extend(zip((int(t) for t in task_ids), (float(r) for r in rewards)))
+  def __call__(self, tier: str) -> str:
+    order = self._orders[tier]
+    index = int(order[self.position[tier] % len(order)])
+    self.position[tier] += 1
+    return f"{tier}/{index}"
 
 
 class Trainer:
@@ -115,6 +98,18 @@ class Trainer:
     self.tokenizer = tokenizer_lib.make_tokenizer(config.tokenizer)
     self.env_config = env_config_lib.validate_env_config(config.env)
     self.train_source = SweTaskSource("train", config=self.env_config)
+    # RL draws from these: the default tier and every tier of the curriculum.
+    self.tiers = tuple(self.env_config.tiers.keys())
+    wanted = (self.env_config.default_tier,) + tuple(
+        t for t in config.rl.task_selection.get("curriculum", ()) if
+        t != self.env_config.default_tier)
+    unknown = [t for t in wanted if t not in self.tiers]
+    if unknown:
+      raise ValueError(f"config.rl.task_selection.curriculum names tiers {unknown}; the env "
+                       f"has {list(self.tiers)}.")
+    self.train_sources = {t: SweTaskSource("train", tiers=(t,), config=self.env_config)
+                          for t in wanted}
+    self._task_cache: dict[str, Any] = {}
     self.heldout_source = SweTaskSource("heldout", config=self.env_config)
     os.makedirs(self.workdir, exist_ok=True)
     self.audit = AuditLog(os.path.join(
@@ -165,10 +160,24 @@ class Trainer:
       self._route = self._build_route(name, config)
     return self._route
 
-  def _task_iterator(self):
-    ds = grain.MapDataset.range(len(self.train_source)).shuffle(
-        seed=self.base_config.seed).repeat()
-    return iter(ds.to_iter_dataset())
+  def _train_task(self, task_id: str):
+    """The SweTask of a pool id "tier/index" (cached: the pool revisits tasks)."""
+    task = self._task_cache.get(task_id)
+    if task is None:
+      tier, index = task_id.split("/")
+      task = self.train_sources[tier][int(index)]
+      if len(self._task_cache) > 4096:
+        self._task_cache.clear()
+      self._task_cache[task_id] = task
+    return task
+
+  def _task_number(self, task_id: str) -> int:
+    """A task id as one integer (tier rank, index): what processes gather and seeds use."""
+    tier, index = task_id.split("/")
+    return self.tiers.index(tier) * 10_000_000 + int(index)
+
+  def _task_id(self, number: int) -> str:
+    return f"{self.tiers[int(number) // 10_000_000]}/{int(number) % 10_000_000}"
 
   def _local(self, tree):
     """This process's copy of a replicated tree (what the rollout engine uses)."""
@@ -179,8 +188,13 @@ class Trainer:
   # -- evaluation ----------------------------------------------------------------------
 
   def evaluate(self, params, num_tasks: int) -> dict:
+    t0 = time.time()
     solved_bk, rewards = self._heldout_solved(params, num_tasks)
     return {**heldout_scores(solved_bk),  # solve_rate, pass_at_k, samples_per_task
+            "heldout/solve_stderr": pass1_stderr(solved_bk),
+            # Per task, for the paired gain against the start point.
+            "heldout/solves_per_task": solved_bk.sum(axis=1).round().astype(int).tolist(),
+            "heldout/seconds": time.time() - t0,
             "heldout/mean_reward": float(np.mean(rewards)),
             "heldout/num_tasks": int(num_tasks),
             "heldout/episodes": int(rewards.size),
@@ -217,6 +231,8 @@ class Trainer:
             **self._eval_settings(),
             "pass_at_k": {str(k): v for k, v in curve.items()},
             "sharpening_headroom": curve[samples] - curve[1],
+            "solve_stderr": pass1_stderr(solved_bk),
+            "episodes": int(solved_bk.size),
             "mean_reward": float(np.mean(rewards)),
             "solves_per_task": solved_bk.sum(axis=1).round().astype(int).tolist(),
             "seconds": time.time() - t0}
@@ -238,7 +254,10 @@ class Trainer:
 
   def _init_state(self, route: _Route):
     params = route.model.init(jax.random.key(self.base_config.seed))
-    state = train_step_lib.init_train_state(route.model, params, route.rl_spec)
+    # The KL reference is the policy RL starts from: set when SFT hands over or the start
+    # params are loaded (_with_reference); a checkpoint carries it from then on.
+    ref = params if route.rl_spec.kl_coef > 0 else None
+    state = train_step_lib.init_train_state(route.model, params, route.rl_spec, ref_params=ref)
     rng = jax.random.key_data(jax.random.key(self.base_config.seed + 1))
     return {"train": state, "rng": rng}
 
@@ -248,7 +267,8 @@ class Trainer:
     tc = self.base_config.train
     warmup = route.rl_spec.warmup_steps
     return route.rl_spec.replace(learning_rate=tc.sft_learning_rate,
-                                 decay_steps=max(int(tc.sft_steps), warmup + 1))
+                                 decay_steps=max(int(tc.sft_steps), warmup + 1),
+                                 ppo_epochs=1, minibatches=1)
 
   def _sft_optimizer(self, route: _Route):
     return train_step_lib.make_optimizer(self.sft_spec(route))
@@ -259,30 +279,31 @@ class Trainer:
     num_rl_steps = int(cfg.rl.num_steps)
     route = self._ensure_route(0)
     holder = self._init_state(route)
-    iterator = self._task_iterator()
     ckpt = Checkpointer(os.path.join(self.workdir, "checkpoints"),
                         max_to_keep=tc.keep_checkpoints)
     extras = {"phase": "sft" if tc.sft_steps else "rl", "sft_step": 0, "rl_step": 0,
-              "tracker": {"outcomes": {}}, "wall_seconds": 0.0}
+              "wall_seconds": 0.0}
     if self.info.process_count > 1:  # Restore onto the global mesh, replicated.
       holder = distributed.replicate(self.mesh, jax.device_get(holder))
-    restored = ckpt.restore(holder, iterator)
+    restored = ckpt.restore(holder)
     if restored is not None:
       _, holder, extras = restored
       print(f"resumed from {ckpt.directory} at {extras['phase']} step "
             f"{extras['sft_step'] if extras['phase'] == 'sft' else extras['rl_step']}",
             flush=True)
     elif tc.init_checkpoint:
-      holder, extras["init_checkpoint"] = self._params_from(
-          tc.init_checkpoint, holder, "config.train.init_checkpoint")
+      load = (self._params_from_file if params_file.params_path(tc.init_checkpoint)
+              else self._params_from)
+      holder, extras["init_checkpoint"] = load(tc.init_checkpoint, holder,
+                                               "config.train.init_checkpoint")
     global_step = extras["sft_step"] + extras["rl_step"]
     self.logger = MetricsLogger(self.workdir, resume_step=global_step,
                                 enabled=self.info.is_primary)
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
     try:
-      holder, extras = self._run_sft(route, holder, extras, iterator, ckpt)
+      holder, extras = self._run_sft(route, holder, extras, ckpt)
       if not self._stop.is_set():
-        holder, extras = self._run_rl(holder, extras, iterator, ckpt, num_rl_steps)
+        holder, extras = self._run_rl(holder, extras, ckpt, num_rl_steps)
     finally:
       signal.signal(signal.SIGTERM, previous_handler)
     if self._stop.is_set():
@@ -298,6 +319,10 @@ class Trainer:
     if self.info.is_primary:
       with open(os.path.join(self.workdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
+      if extras.get("history"):
+        summary["curves"] = write_curves(extras["history"],
+                                         os.path.join(self.workdir, "curves.png"),
+                                         title=f"seed {self.base_config.seed}")
       print(format_summary(summary), flush=True)
     self.close()
     return summary
@@ -307,10 +332,18 @@ class Trainer:
     `source` (the config field or flag `path` came from) prefixes restore errors."""
     directory, step = resolve_checkpoint(path)
     reader = Checkpointer(directory, read_only=True)
+    # The source may or may not carry a KL reference (its run's kl_coef): try both layouts.
+    layouts = [holder]
+    if holder["train"].ref_params is not None:
+      layouts.insert(0, {**holder, "train": holder["train"].replace(ref_params=None)})
     try:
-      _, restored, source_extras = reader.restore(holder, step=step)
-    except RuntimeError as err:
-      raise RuntimeError(f"{source}={path!r}: {err}") from err
+      for n, layout in enumerate(layouts):
+        try:
+          _, restored, source_extras = reader.restore(layout, step=step)
+          break
+        except RuntimeError as err:
+          if n + 1 == len(layouts):
+            raise RuntimeError(f"{source}={path!r}: {err}") from err
     finally:
       reader.close()
     params = restored["train"].params  # Restored with `holder`'s shardings (replicated).
@@ -319,7 +352,25 @@ class Trainer:
           flush=True)
     provenance = {"directory": directory, "step": int(step),
                   **{k: source_extras.get(k) for k in ("phase", "sft_step", "rl_step")}}
-    return {**holder, "train": holder["train"].replace(params=params)}, provenance
+    return {**holder, "train": _with_reference(holder["train"].replace(params=params))}, \
+        provenance
+
+  def _params_from_file(self, path: str, holder: dict, source: str) -> tuple[dict, dict]:
+    """`holder` with the params of a safetensors params file (a shipped base model)."""
+    like = holder["train"].params
+    # A value head (route A's critic) starts fresh on a base that has none.
+    params = params_file.load_params(path, jax.device_get(like), source,
+                                     fresh_prefixes=("value_head/",))
+    if self.info.process_count > 1:
+      params = distributed.replicate(self.mesh, params)
+    else:
+      params = jax.tree.map(jnp.asarray, params)
+    meta = params_file.read_metadata(path)
+    file = params_file.params_path(path)
+    print(f"params from {file} ({meta.get('description', 'no description')})", flush=True)
+    provenance = {"file": file, **{k: meta.get(k) for k in ("phase", "sft_step", "rl_step")}}
+    return {**holder, "train": _with_reference(holder["train"].replace(params=params))}, \
+        provenance
 
   def close(self):
     """Closes the logs, the engines' sandboxes and the audit log."""
@@ -330,15 +381,15 @@ class Trainer:
       self._route.eval_engine.close()
     self.audit.close()
 
-  def _save(self, ckpt, holder, iterator, extras, *, force=False):
+  def _save(self, ckpt, holder, extras, *, force=False):
     global_step = extras["sft_step"] + extras["rl_step"]
     if self.info.process_count > 1:  # Orbax writes multi-host state as global arrays.
       holder = distributed.replicate(self.mesh, jax.device_get(holder))
-    ckpt.save(global_step, holder, iterator, extras, force=force)
+    ckpt.save(global_step, holder, None, extras, force=force)
 
   # -- SFT -----------------------------------------------------------------------------
 
-  def _run_sft(self, route, holder, extras, iterator, ckpt):
+  def _run_sft(self, route, holder, extras, ckpt):
     tc = self.base_config.train
     if extras["phase"] != "sft":
       return holder, extras
@@ -371,6 +422,9 @@ class Trainer:
           f"action over max_new_tokens_per_turn, recorded through the engine)", flush=True)
     step_fn = sft_lib.make_sft_step(route.model, optimizer)
     local_batch = tc.sft_batch_size // self.info.process_count
+    plateau = self._sft_plateau(route, length) if tc.sft_eval_every else None
+    if plateau is not None:
+      plateau.load_state_dict(extras.get("sft_plateau"))
     while extras["sft_step"] < tc.sft_steps and not self._stop.is_set():
       s = extras["sft_step"]
       rng = np.random.default_rng([self.base_config.seed, 7, s])
@@ -386,32 +440,82 @@ class Trainer:
         print(f"sft {s + 1}/{tc.sft_steps} | loss {metrics['sft/loss']:.3f} | "
               f"acc {metrics['sft/token_accuracy']:.3f} | {time.time() - t1:.2f}s", flush=True)
       holder = {**holder, "train": state}
-      if extras["sft_step"] % tc.checkpoint_every == 0:
-        self._save(ckpt, holder, iterator, extras)
+      stop = False
+      if plateau is not None and extras["sft_step"] % tc.sft_eval_every == 0:
+        stop = plateau.score(extras["sft_step"], state.params)
+        extras["sft_plateau"] = plateau.state_dict()
+        self.logger.scalars(extras["sft_step"], {"sft/validation_nll": plateau.last_nll,
+                                                 "sft/validation_token_accuracy":
+                                                 plateau.last_accuracy})
+        if self.info.is_primary:
+          print(f"sft {extras['sft_step']}: validation nll {plateau.last_nll:.4f} "
+                f"(best {plateau.best_nll:.4f} at step {plateau.best_step}), "
+                f"token accuracy {plateau.last_accuracy:.3f}", flush=True)
+      if extras["sft_step"] % tc.checkpoint_every == 0 or stop:
+        self._save(ckpt, holder, extras, force=stop)
+      if stop:
+        break
     if self._stop.is_set():
-      self._save(ckpt, holder, iterator, extras, force=True)
+      self._save(ckpt, holder, extras, force=True)
       return holder, extras
+    if plateau is not None and plateau.best_params is not None:
+      state = state.replace(params=plateau.best_params)
+      extras["sft_best_step"] = plateau.best_step
+      print(f"SFT stopped at step {extras['sft_step']} (validation plateau); keeping the "
+            f"params of step {plateau.best_step}, validation nll {plateau.best_nll:.4f}",
+            flush=True)
     # Hand over to RL: a fresh optimiser state, the SFT checkpoint's held-out score.
-    state = state.replace(opt_state=train_step_lib.make_optimizer(route.rl_spec).init(
-        state.params), step=jnp.zeros((), jnp.int32), skipped_steps=jnp.zeros((), jnp.int32))
+    state = _with_reference(state.replace(
+        opt_state=train_step_lib.make_optimizer(route.rl_spec).init(state.params),
+        step=jnp.zeros((), jnp.int32), skipped_steps=jnp.zeros((), jnp.int32)))
     holder = {**holder, "train": state}
     extras["phase"] = "rl"
     self._evaluate_start(state.params, extras)
-    self._save(ckpt, holder, iterator, extras, force=True)
+    self._save(ckpt, holder, extras, force=True)
     return holder, extras
+
+  def _sft_plateau(self, route, length):
+    tc = self.base_config.train
+    first = tc.sft_demos  # Train tasks the SFT set does not hold.
+    tasks = [self.train_source[first + i] for i in range(tc.sft_validation_demos)]
+    demos = sft_lib.render_demonstrations(self.tokenizer, route.rollout_spec,
+                                          self._env_factory, tasks,
+                                          route.rollout_spec.system_prompt)
+    demos = [d for d in demos if d is not None]
+    arrays = {k: jnp.asarray(v) for k, v in sft_lib.demonstration_arrays(demos, length).items()}
+    score = jax.jit(lambda p: sft_lib.demonstration_scores(route.model, p, arrays))
+    return sft_lib.PlateauStop(score, patience=tc.sft_patience, min_delta=tc.sft_min_delta)
 
   def _evaluate_start(self, params, extras):
     """Scores the checkpoint RL starts from (logged once; saved with the next checkpoint)."""
     extras["heldout_sft"] = self.evaluate(params, self.base_config.train.eval_tasks)
+    start = extras["heldout_sft"]
     self.logger.scalars(extras["sft_step"] + extras["rl_step"],
                         {k.replace("heldout/", "heldout_sft/"): v
-                         for k, v in extras["heldout_sft"].items()})
-    print(f"held-out solve rate of the RL starting point: "
-          f"{extras['heldout_sft']['heldout/solve_rate']:.3f}", flush=True)
+                         for k, v in start.items() if not isinstance(v, list)})
+    extras.setdefault("history", []).append(history_row(0, {
+        "heldout/solve_rate": start["heldout/solve_rate"],
+        "heldout/solve_stderr": start["heldout/solve_stderr"]}))
+    print(f"held-out solve rate of the RL starting point: {start['heldout/solve_rate']:.3f} "
+          f"± {start['heldout/solve_stderr']:.3f} ({start['heldout/episodes']} episodes, "
+          f"{start['heldout/seconds']:.0f}s)", flush=True)
 
   # -- RL ------------------------------------------------------------------------------
 
-  def _run_rl(self, holder, extras, iterator, ckpt, num_steps):
+  def _make_pool(self, spec, extras) -> tuple[task_selection.TaskPool, _TaskStream]:
+    """The run's task pool and its stream, restored from `extras` when resuming."""
+    stream = _TaskStream(self.train_sources, self.base_config.seed)
+    pool = task_selection.TaskPool(
+        spec, stream, family_of=lambda t: (t.split("/")[0],
+                                           self._train_task(t).bugs[0].family),
+        shard=(self.info.process_index, self.info.process_count),
+        default_tier=self.env_config.default_tier)
+    if extras.get("pool"):
+      pool.load_state_dict(extras["pool"])
+      stream.position.update(extras["stream"])
+    return pool, stream
+
+  def _run_rl(self, holder, extras, ckpt, num_steps):
     cfg, tc = self.base_config, self.base_config.train
     state = holder["train"]
     if self.info.process_count > 1:
@@ -424,32 +528,26 @@ class Trainer:
       # like with like.
       self._ensure_route(extras["rl_step"])
       self._evaluate_start(state.params, extras)
-      self._save(ckpt, holder, iterator, extras, force=True)
+      self._save(ckpt, holder, extras, force=True)
     elif not start_scored_here:
       print("warning: the RL starting point was scored under other held-out settings "
             f"({_eval_settings_text(extras['heldout_sft'])}) than this run's "
             f"({_eval_settings_text(self._eval_settings())}) and RL has already moved the "
             "params, so it cannot be re-scored; the summary flags the comparison.", flush=True)
-    tracker = task_selection.PassRateTracker.from_spec(
-        self._ensure_route(extras["rl_step"]).rl_spec)
-    # JSON keys are strings; task ids are ints.
-    tracker.load_state_dict({"outcomes": {int(k): v for k, v in
-                                          extras["tracker"]["outcomes"].items()}})
+    pool, stream = self._make_pool(self._ensure_route(extras["rl_step"]).rl_spec, extras)
     run_start, steps_done = time.time(), 0
     while extras["rl_step"] < num_steps and not self._stop.is_set():
       step = extras["rl_step"]
       route = self._ensure_route(step)
       t0 = time.time()
-      pool = _CandidatePool(route.rl_spec, tracker, iterator,
-                            np.random.default_rng([cfg.seed, 11, step]),
-                            (self.info.process_index, self.info.process_count))
+      pool.rng = np.random.default_rng([cfg.seed, 11, step])
       route.engine.set_params(self._local(state.params), step)
       seeds_used = []
 
       def generate(task_ids, group_size, _route=route, _step=step):
-        seeds = [int(_step) * 1_000_003 + int(t) for t in task_ids]
+        seeds = [int(_step) * 1_000_003 + self._task_number(t) for t in task_ids]
         seeds_used.extend(seeds)
-        trajs = _route.engine.run([self.train_source[t] for t in task_ids], task_seeds=seeds)
+        trajs = _route.engine.run([self._train_task(t) for t in task_ids], task_seeds=seeds)
         groups = []
         for g, task in enumerate(task_ids):
           members = [t for t in trajs if t.group_id == g]
@@ -465,12 +563,19 @@ class Trainer:
         gid = self.info.process_index * len(groups) + g
         for t in group.payload:
           trajs.append(dataclasses.replace(t, group_id=gid))
-      outcomes = np.asarray(pool.outcomes, np.float64).reshape(-1, 2)
+      outcomes = np.asarray([(self._task_number(t), r) for t, r in pool.outcomes],
+                            np.float64).reshape(-1, 2)
       all_outcomes = self._gather(outcomes.reshape(-1)).reshape(-1, 2)
-      tracker.update([int(t) for t in all_outcomes[:, 0]], list(all_outcomes[:, 1]))
+      selection = pool.selection_stats()
+      pool.apply([self._task_id(n) for n in all_outcomes[:, 0]], list(all_outcomes[:, 1]))
+      pool.end_step()
 
       t1 = time.time()
-      local_batch = to_batch(trajs, length=route.rollout_spec.max_len)
+      # Every process pads to one length: the longest trajectory rounded up to a multiple
+      # of 128 (a handful of shapes to compile, far less padding than max_len).
+      longest = int(self._gather(np.asarray([max(t.length for t in trajs)], np.int64)).max())
+      local_batch = to_batch(trajs, length=sft_lib.padded_length(
+          longest, route.rollout_spec.max_len, multiple=128))
       batch = (distributed.global_batch(self.mesh, local_batch)
                if self.info.process_count > 1 else local_batch)
       state, metrics = route.train_step(state, batch)
@@ -497,13 +602,17 @@ class Trainer:
                 "learner/tokens_per_s": float(np.asarray(local_batch.loss_mask_bt).sum()
                                               * self.info.process_count) / max(learner_s, 1e-9),
                 "stage/route_a": float(route.name == "A"),
+                **selection,
                 **tool_stats}
+      logged["rollout/solve_stderr"] = _solve_stderr_by_task(all_outcomes)
       if (step + 1) % tc.eval_every == 0 or step + 1 == num_steps:
         evaluation = self.evaluate(state.params, tc.eval_tasks)
-        logged.update(evaluation)
+        logged.update({k: v for k, v in evaluation.items() if not isinstance(v, list)})
         extras["heldout_last"] = evaluation
       global_step = extras["sft_step"] + extras["rl_step"]
       logged = self.logger.scalars(global_step, logged)
+      extras.setdefault("history", []).append(history_row(step + 1, logged))
+      extras["rl_wall_seconds"] = extras.get("rl_wall_seconds", 0.0) + time.time() - t0
       extras.setdefault("mismatch_kl", []).append(
           float(metrics.get("mismatch/k3", float("nan"))))
       if (step + 1) % tc.log_samples_every == 0:
@@ -516,19 +625,33 @@ class Trainer:
         print(f"rl {step + 1}/{num_steps} | reward {logged['rollout/reward_mean']:.3f} | "
               f"train solve {logged['rollout/solve_rate']:.3f} | held-out solve {solve:.3f} | "
               f"{logged['rollout/tokens_per_s']:.0f} tok/s | ETA {eta:.0f}s", flush=True)
-      extras["tracker"] = tracker.state_dict()
-      extras["tracker"]["outcomes"] = {str(k): v for k, v in extras["tracker"]["outcomes"].items()}
+      extras["pool"], extras["stream"] = pool.state_dict(), dict(stream.position)
       holder = {**holder, "train": state}
       if extras["rl_step"] % tc.checkpoint_every == 0 or extras["rl_step"] == num_steps:
-        self._save(ckpt, holder, iterator, extras)
+        self._save(ckpt, holder, extras)
     if self._stop.is_set():
-      self._save(ckpt, holder, iterator, extras, force=True)
+      self._save(ckpt, holder, extras, force=True)
     return holder, extras
 
   def _summary(self, extras, start_wall, params) -> dict:
     kl = [k for k in extras.get("mismatch_kl", []) if math.isfinite(k)]
-    final = extras.get("heldout_last", extras.get("heldout_sft", {}))
+    start = extras.get("heldout_sft", {})
+    final = extras.get("heldout_last", start)
+    gain = None
+    if start.get("heldout/solves_per_task") and final.get("heldout/solves_per_task"):
+      gain = paired_gain(
+          np.asarray(start["heldout/solves_per_task"])[:, None]
+          / start["heldout/samples_per_task"],
+          np.asarray(final["heldout/solves_per_task"])[:, None]
+          / final["heldout/samples_per_task"])
     return {
+        "heldout_gain": None if gain is None else gain["gain"],
+        "heldout_gain_stderr": None if gain is None else gain["stderr"],
+        "heldout_gain_ci95": None if gain is None else [gain["ci95_low"], gain["ci95_high"]],
+        "heldout_episodes": final.get("heldout/episodes"),
+        "heldout_stderr_sft": start.get("heldout/solve_stderr"),
+        "heldout_stderr_final": final.get("heldout/solve_stderr"),
+        "rl_wall_seconds": extras.get("rl_wall_seconds", 0.0),
         "heldout_solve_rate_sft": extras.get("heldout_sft", {}).get("heldout/solve_rate"),
         "heldout_solve_rate_final": final.get("heldout/solve_rate"),
         "heldout_mean_reward_sft": extras.get("heldout_sft", {}).get("heldout/mean_reward"),
@@ -548,6 +671,23 @@ class Trainer:
         "params_sha256": params_digest(params),
         "config": json.loads(self.base_config.to_json_best_effort()),
     }
+
+
+def _with_reference(state):
+  """The state with its KL reference (when it has one) set to its current params."""
+  if state.ref_params is None:
+    return state
+  return state.replace(ref_params=jax.tree.map(jnp.copy, state.params))
+
+
+def _solve_stderr_by_task(outcomes_n2: np.ndarray) -> float:
+  """Stderr of the solve rate of (task id, reward) outcomes, tasks as the unit."""
+  tasks, inverse = np.unique(outcomes_n2[:, 0], return_inverse=True)
+  solved = (outcomes_n2[:, 1] >= SOLVED_REWARD).astype(np.float64)
+  per_task = np.bincount(inverse, solved) / np.bincount(inverse)
+  if tasks.size < 2:
+    return 0.0
+  return float(per_task.std(ddof=1) / np.sqrt(tasks.size))
 
 
 def _eval_settings_text(scores: dict) -> str:
@@ -598,9 +738,19 @@ def format_summary(summary: dict) -> str:
   rows = [(k, summary.get(k)) for k in ("heldout_solve_rate_sft", "heldout_solve_rate_final",
                                         "heldout_pass_at_k_sft", "heldout_pass_at_k_final",
                                         "heldout_mean_reward_sft", "heldout_mean_reward_final",
-                                        "mismatch_kl_mean", "rl_steps", "wall_seconds")]
+                                        "heldout_episodes", "mismatch_kl_mean", "rl_steps",
+                                        "rl_wall_seconds", "wall_seconds")]
   width = max(len(k) for k, _ in rows)
   lines = ["summary"] + [f"  {k:<{width}}  {v:.4g}" if isinstance(v, float)
                          else f"  {k:<{width}}  {v}" for k, v in rows]
+  if summary.get("heldout_gain") is not None:
+    low, high = summary["heldout_gain_ci95"]
+    lines.append(f"held-out pass@1 {100 * summary['heldout_solve_rate_sft']:.1f}% -> "
+                 f"{100 * summary['heldout_solve_rate_final']:.1f}%: gain "
+                 f"{100 * summary['heldout_gain']:+.1f} points, 95% interval "
+                 f"[{100 * low:+.1f}, {100 * high:+.1f}] (paired over "
+                 f"{summary['heldout_episodes']} episodes)")
+  if summary.get("curves"):
+    lines.append(f"learning curves: {summary['curves']}")
   return "\n".join(lines)
 

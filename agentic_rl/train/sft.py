@@ -126,21 +126,34 @@ def demonstration_arrays(trajectories: Sequence[Trajectory | Demonstration], len
   return {"tokens_bt": tokens, "positions_bt": positions, "loss_mask_bt": loss_mask}
 
 
+def demonstration_losses(model, params, batch):
+  """(mean NLL, token accuracy, moe aux loss) of next-token prediction on the loss-masked
+  (the model's own) tokens of a padded demonstration batch."""
+  logits_btv, _, aux = model.forward(params, batch["tokens_bt"], batch["positions_bt"])
+  # Token t+1 is predicted at t; the loss counts tokens the model itself emits.
+  logp_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32))
+  targets = batch["tokens_bt"][:, 1:]
+  mask = batch["loss_mask_bt"][:, 1:]
+  nll = -jnp.take_along_axis(logp_btv, targets[..., None], axis=-1)[..., 0]
+  denom = jnp.maximum(mask.sum(), 1.0)
+  loss = (nll * mask).sum() / denom
+  accuracy = ((jnp.argmax(logp_btv, -1) == targets) * mask).sum() / denom
+  return loss, accuracy, aux["moe_aux_loss"]
+
+
+def demonstration_scores(model, params, batch):
+  """(NLL, token accuracy) on held-out demonstrations: SFT's plateau signal."""
+  loss, accuracy, _ = demonstration_losses(model, params, batch)
+  return loss, accuracy
+
+
 def make_sft_step(model, optimizer: optax.GradientTransformation):
   """A jitted `step(state, batch) -> (state, metrics)` of masked next-token cross-entropy."""
 
   def loss_fn(params, batch):
-    logits_btv, _, aux = model.forward(params, batch["tokens_bt"], batch["positions_bt"])
-    # Token t+1 is predicted at t; the loss counts tokens the model itself emits.
-    logp_btv = jax.nn.log_softmax(logits_btv[:, :-1])
-    targets = batch["tokens_bt"][:, 1:]
-    mask = batch["loss_mask_bt"][:, 1:]
-    nll = -jnp.take_along_axis(logp_btv, targets[..., None], axis=-1)[..., 0]
-    denom = jnp.maximum(mask.sum(), 1.0)
-    loss = (nll * mask).sum() / denom
-    accuracy = ((jnp.argmax(logp_btv, -1) == targets) * mask).sum() / denom
-    return loss + aux["moe_aux_loss"], {"sft/loss": loss, "sft/token_accuracy": accuracy,
-                                        "sft/moe_aux_loss": aux["moe_aux_loss"]}
+    loss, accuracy, moe_aux = demonstration_losses(model, params, batch)
+    return loss + moe_aux, {"sft/loss": loss, "sft/token_accuracy": accuracy,
+                            "sft/moe_aux_loss": moe_aux}
 
   @jax.jit
   def step(state: TrainState, batch):
@@ -156,3 +169,34 @@ def make_sft_step(model, optimizer: optax.GradientTransformation):
     return new_state, {**metrics, "sft/grad_norm": grad_norm}
 
   return step
+
+
+class PlateauStop:
+  """Stops SFT when the validation NLL has not improved by `min_delta` in `patience`
+  scores; remembers the best params (on the host, so later steps cannot donate them)."""
+
+  def __init__(self, score_fn, *, patience: int, min_delta: float):
+    self._score_fn, self.patience, self.min_delta = score_fn, patience, min_delta
+    self.best_nll, self.best_step, self.best_params = float("inf"), 0, None
+    self.last_nll = self.last_accuracy = float("nan")
+    self.since_best = 0
+
+  def score(self, step: int, params) -> bool:
+    """Scores `params` at `step`; True when SFT should stop."""
+    nll, accuracy = (float(x) for x in self._score_fn(params))
+    self.last_nll, self.last_accuracy = nll, accuracy
+    if nll < self.best_nll - self.min_delta:
+      self.best_nll, self.best_step, self.since_best = nll, step, 0
+      self.best_params = jax.device_get(params)
+    else:
+      self.since_best += 1
+    return self.since_best >= self.patience
+
+  def state_dict(self) -> dict:
+    return {"best_nll": self.best_nll, "best_step": self.best_step,
+            "since_best": self.since_best}
+
+  def load_state_dict(self, state: dict | None) -> None:
+    if state:  # The best params of a resumed run are those of its checkpoint's lineage.
+      self.best_nll, self.best_step = state["best_nll"], state["best_step"]
+      self.since_best = state["since_best"]

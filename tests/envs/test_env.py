@@ -8,7 +8,7 @@ import pytest
 
 from agentic_rl.envs.audit import AuditLog, verify_audit_log
 from agentic_rl.envs.env import Env, StepResult
-from agentic_rl.envs.swe_env import SweEnv
+from agentic_rl.envs.swe_env import SweEnv, episode_reward
 from agentic_rl.envs.swe_tasks import generate_task
 from agentic_rl.envs.tool_call import format_tool_call as F
 from tests.envs.conftest import env_config, live_pids_of_uid
@@ -79,7 +79,7 @@ def test_malformed_unknown_denied_and_bad_calls_are_turns_with_audited_decisions
   assert audit.entries[0]["args"] == {"raw": actions[0][0]}
 
 
-@pytest.mark.parametrize("mode", ["zero", "tests_fraction"])
+@pytest.mark.parametrize("mode", ["zero", "measured"])
 def test_turn_budget_ends_the_episode(mode):
   task = generate_task(3, "easy")
   with SweEnv(env_config(max_turns=3, budget_end_reward=mode)) as env:
@@ -89,7 +89,7 @@ def test_turn_budget_ends_the_episode(mode):
     r = env.step(F("ls"))
     assert r.done and r.info["end_reason"] == "turn_budget"
     assert "turn budget reached" in r.observation
-    assert r.reward == (1.0 if mode == "tests_fraction" else 0.0)
+    assert r.reward == (1.0 if mode == "measured" else 0.0)
 
 
 def test_time_budget_ends_the_episode_without_running_the_action():
@@ -136,13 +136,48 @@ def test_process_signal_sums_to_the_change_in_pass_fraction(on_edit):
   assert passed[2] == 0
 
 
-def test_submitting_early_rewards_the_pass_fraction():
-  task = generate_task(6, "medium")
+@pytest.mark.parametrize("tier", ["tiny", "easy", "medium"])
+def test_looking_testing_and_submitting_without_an_edit_earns_exactly_zero(tier):
+  # The give-up optimum of partial credit: tests the untouched repo passes earn nothing.
+  task = next(t for t in (generate_task(s, tier) for s in range(40)) if t.initial_passed > 0)
   with SweEnv(env_config()) as env:
+    env.reset(task)
+    env.step(F("ls"))
+    env.step(F("test"))
+    r = env.step(F("submit"))
+  assert r.done and r.reward == 0.0 and r.info["tests_passed"] == task.initial_passed
+  assert "FAIL" in r.observation or "ERROR" in r.observation
+
+
+def test_partial_credit_is_an_option_and_counts_passing_tests():
+  task = generate_task(6, "medium")
+  assert task.initial_passed > 0
+  with SweEnv(env_config(reward="tests_fraction")) as env:
     env.reset(task)
     r = env.step(F("submit"))
   assert r.done and r.reward == pytest.approx(task.initial_passed / task.num_tests)
-  assert "FAIL" in r.observation or "ERROR" in r.observation
+
+
+def test_repairing_one_of_two_bugs_earns_its_share_of_the_failing_tests():
+  task = next(t for t in (generate_task(s, "medium") for s in range(40)) if len(t.bugs) == 2)
+  with SweEnv(env_config()) as env:
+    env.reset(task)
+    r = env.step(fix_action(task, task.bugs[0]))
+    passed = r.info["tests_passed"]
+    r = env.step(F("submit"))
+  failing = task.num_tests - task.initial_passed
+  assert 0 < passed - task.initial_passed < failing
+  assert r.reward == pytest.approx((passed - task.initial_passed) / failing)
+
+
+@pytest.mark.parametrize("mode,passed,initial,total,want", [
+    # Hand-computed: (newly passing - newly failing) / initially failing, floored at 0.
+    ("repaired_fraction", 2, 2, 4, 0.0), ("repaired_fraction", 3, 2, 4, 0.5),
+    ("repaired_fraction", 4, 2, 4, 1.0), ("repaired_fraction", 1, 2, 4, 0.0),
+    ("repaired_fraction", 4, 0, 4, 1.0), ("repaired_fraction", 3, 3, 3, 1.0),
+    ("tests_fraction", 3, 2, 4, 0.75), ("outcome", 3, 2, 4, 0.0), ("outcome", 4, 2, 4, 1.0)])
+def test_episode_reward_formulas(mode, passed, initial, total, want):
+  assert episode_reward(mode, passed, initial, total) == want
 
 
 def test_editing_or_shadowing_the_tests_does_not_pass_them(tmp_path):
@@ -236,5 +271,6 @@ def test_reward_hacks_in_the_module_do_not_pass(tmp_path, hack):
     env.reset(task)
     env.step(F("python", code=f"open({task.module_path!r}, 'w').write({module!r})"))
     r = env.step(F("submit"))
-  want = task.initial_passed / task.num_tests if hack == "noop_assert" else 0.0
-  assert r.reward == want, r.observation
+  # Either way no test passes that did not already: no reward.
+  assert r.reward == 0.0, r.observation
+  assert r.info["tests_passed"] == (task.initial_passed if hack == "noop_assert" else 0)

@@ -50,8 +50,8 @@ def make_model(seed=0, init=True, **changes):
 def rl_spec(**changes):
   c = rl_config_lib.default_rl_config()
   for k, v in changes.items():
-    section, name = k.split(".")
-    c[section][name] = v
+    *section, name = k.split(".")
+    (c[section[0]] if section else c)[name] = v
   return rl_config_lib.validate(c)
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from launch.seed_table import format_table, seed_row
+from launch.seed_table import format_table, seed_row, verdict
 from tests.train import run_train
 
 
@@ -26,6 +26,17 @@ def test_rows_gain_and_threshold():
   assert table[0].split()[:4] == ["seed", "sft", "final", "gain_pp"]
   assert table[1].split()[:4] == ["0", "0.250", "0.438", "18.750"]
   assert "3e-10" in table[1]
+
+
+def test_verdict_needs_every_seed_and_the_mean():
+  rows = [seed_row(0, _summary(0.40, 0.56), 5.0), seed_row(1, _summary(0.40, 0.46), 5.0)]
+  v = verdict(rows, 5.0, 10.0)  # Gains 16 and 6: each >= 5, mean 11 >= 10.
+  assert v["mean_gain_pp"] == pytest.approx(11.0) and v["all_meet_gain"] and v["meets_bar"]
+  rows[1] = seed_row(1, _summary(0.40, 0.43), 5.0)  # 16 and 3: one seed short.
+  assert not verdict(rows, 5.0, 10.0)["meets_bar"]
+  rows = [seed_row(0, _summary(0.40, 0.48), 5.0), seed_row(1, _summary(0.40, 0.50), 5.0)]
+  v = verdict(rows, 5.0, 10.0)  # 8 and 10: each >= 5, mean 9 < 10.
+  assert v["all_meet_gain"] and not v["meets_bar"]
 
 
 def test_one_seed_end_to_end(tmp_path):

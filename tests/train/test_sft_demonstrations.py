@@ -83,10 +83,10 @@ def test_demonstration_arrays_pad_and_mark_positions():
   np.testing.assert_array_equal(arrays["loss_mask_bt"], [[0, 1, 1, 0, 0]])
 
 
-def test_tiny_tier_bpe_config_demonstrations_fit_its_budgets():
-  """configs/tiny_tier_bpe.py: every expert episode renders whole within max_len."""
-  from configs import tiny_tier_bpe
-  model, rollout_spec, tok, factory, tasks = _build(tiny_tier_bpe.get_config(), num_tasks=32)
+def test_sft_base_config_demonstrations_fit_its_budgets():
+  """configs/sft_base.py: every expert episode renders whole within max_len."""
+  from configs import sft_base
+  model, rollout_spec, tok, factory, tasks = _build(sft_base.get_config(), num_tasks=32)
   assert tok.vocab_size <= model.spec.vocab_size
   assert {t.tier for t in tasks} == {"tiny"}
   demos = sft.render_demonstrations(tok, rollout_spec, factory, tasks, rollout_spec.system_prompt)

@@ -58,8 +58,16 @@ def test_run_writes_summary_logs_and_checkpoints(uninterrupted):
   workdir, stdout = uninterrupted
   summary = json.load(open(os.path.join(workdir, "summary.json")))
   for key in ("heldout_solve_rate_sft", "heldout_solve_rate_final", "mismatch_kl_mean",
-              "wall_seconds", "config"):
+              "wall_seconds", "config", "heldout_episodes", "heldout_stderr_sft",
+              "heldout_stderr_final", "rl_wall_seconds", "heldout_gain", "heldout_gain_ci95"):
     assert key in summary
+  # tiny config: 2 held-out tasks x 2 samples.
+  assert summary["heldout_episodes"] == 4 and 0 < summary["rl_wall_seconds"]
+  low, high = summary["heldout_gain_ci95"]
+  assert low <= summary["heldout_gain"] <= high
+  with open(os.path.join(workdir, "curves.png"), "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  assert "95% interval" in stdout
   assert summary["rl_steps"] == 3 and summary["sft_steps"] == 2
   # Same forward, fp32, full replay: the sampler and learner agree to fp32 round-off.
   assert summary["mismatch_kl_mean"] < 1e-6

@@ -19,10 +19,10 @@ def tiny_config(seed: int = 0, base=None):
   config.rl.num_steps = 3
   t = config.train
   t.sft_steps = 2
+  t.init_checkpoint = ""  # The tests start from fresh params, not the shipped base.
   t.sft_demos = 2
   t.sft_batch_size = 2
   t.groups_per_step = 2
-  t.candidates_per_group = 1
   t.eval_every = 2
   t.eval_tasks = 2
   t.checkpoint_every = 1
