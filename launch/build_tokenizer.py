@@ -12,7 +12,7 @@ added tokens; it shortens SWE trajectories about 3x against bytes and makes a
 file or function name one or two ids, so copying it is one lookup.
 
 Training is deterministic for a fixed corpus; the committed file is the one
-`configs/tiny_tier_bpe.py` uses, so runs do not depend on this step.
+`configs/sft_base.py` (and the quickstart) use, so runs do not depend on this step.
 """
 
 from __future__ import annotations

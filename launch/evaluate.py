@@ -1,6 +1,6 @@
 """Held-out scores of a saved checkpoint: pass@1, the pass@k curve and each task's solves.
 
-    python -m launch.evaluate --config configs/tiny_tier_bpe.py --checkpoint /tmp/tiny_bpe \
+    python -m launch.evaluate --config configs/quickstart.py --checkpoint /tmp/quickstart \
         --config.train.eval_samples=16 --config.train.eval_tasks=32 --workdir /tmp/eval
 
 --checkpoint is a run's workdir, its checkpoints/ folder or one step folder (the latest

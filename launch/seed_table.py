@@ -1,7 +1,7 @@
 """The main job once per seed, then one table: held-out solve before and after RL.
 
     python -m launch.seed_table --workdir /tmp/seeds --seeds 0,1 -- \
-        --config configs/tiny_tier_bpe.py --config.rl.num_steps=40
+        --config configs/quickstart.py
 
 Everything after `--` is passed to `python -m launch.train` unchanged; each seed runs in
 DIR/seed_N with `--config.seed=N` (a rerun resumes each seed's own checkpoints). Prints

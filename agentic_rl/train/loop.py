@@ -214,14 +214,15 @@ class Trainer:
     return solved_bk, self._gather(rewards)
 
   def evaluate_checkpoint(self, path: str, source: str = "checkpoint") -> dict:
-    """Held-out scores of the params saved at `path` (a workdir, its checkpoints/ folder
-    or one step folder) under this config's eval settings, with the pass@k curve.
-    `source` names where `path` came from in errors (e.g. a flag)."""
+    """Held-out scores of the params saved at `path` (a workdir, its checkpoints/ folder,
+    one step folder, or a params.safetensors folder) under this config's eval settings,
+    with the pass@k curve. `source` names where `path` came from in errors (e.g. a flag)."""
     route = self._ensure_route(0)
     holder = self._init_state(route)
     if self.info.process_count > 1:
       holder = distributed.replicate(self.mesh, jax.device_get(holder))
-    holder, provenance = self._params_from(path, holder, source)
+    load = self._params_from_file if params_file.params_path(path) else self._params_from
+    holder, provenance = load(path, holder, source)
     num_tasks = int(self.base_config.train.eval_tasks)
     t0 = time.time()
     solved_bk, rewards = self._heldout_solved(holder["train"].params, num_tasks)

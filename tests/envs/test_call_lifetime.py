@@ -15,6 +15,9 @@ from agentic_rl.envs.swe_tasks import generate_task
 from agentic_rl.envs.tool_call import format_tool_call as F
 from tests.envs.conftest import env_config, live_pids_of_uid
 
+# Grading is checked on the pass fraction: a hack that passes even one more case shows.
+PASS_FRACTION = "tests_fraction"
+
 TASK = generate_task(11, "medium")
 
 # The old end-of-call line, with the request id dug out of the caller's frames.
@@ -66,7 +69,7 @@ def _snapshot(env):
 @pytest.mark.parametrize("via", ["python", "test"])
 def test_nothing_outlives_its_call(isolation, attack, via, namespaces):
   code = {"forged_done_line": FORGE_DONE, "setsid_daemon": DAEMON, "hardy_daemons": HARDY}[attack]
-  with SweEnv(env_config(isolation, timeout_s=5.0,
+  with SweEnv(env_config(isolation, reward=PASS_FRACTION, timeout_s=5.0,
                          sandbox__per_call_namespaces=namespaces)) as env:
     env.reset(TASK)
     uid = env._sandbox.uid

@@ -18,6 +18,9 @@ from agentic_rl.envs.swe_tasks import generate_task
 from agentic_rl.envs.tool_call import format_tool_call as F
 from tests.envs.conftest import env_config
 
+# Grading is checked on the pass fraction: a hack that passes even one more case shows.
+PASS_FRACTION = "tests_fraction"
+
 TASK = generate_task(12, "medium")  # python is on the medium allowlist; 8 of 12 pass unfixed.
 UNFIXED = TASK.initial_passed / TASK.num_tests
 
@@ -142,7 +145,7 @@ def _submit_reward(env, actions) -> tuple[float, str]:
 @pytest.mark.parametrize("route", ["python", "replace"])
 @pytest.mark.parametrize("hack", sorted(HACKS))
 def test_hacks_do_not_pay(isolation, hack, route):
-  with SweEnv(env_config(isolation, timeout_s=10.0)) as env:
+  with SweEnv(env_config(isolation, reward=PASS_FRACTION, timeout_s=10.0)) as env:
     if route == "python":  # The hack runs in the call, then is written into the module.
       actions = [F("python", code=HACKS[hack][0] + f"open({TASK.module_path!r}, 'w').write("
                                                   f"{_hacked_module(hack)!r})")]
@@ -187,7 +190,7 @@ def _module_with_prefix(prefix: str) -> str:
     ("hang", "while True:\n    pass\n", "TIMEOUT"),
 ])
 def test_a_broken_graded_process_fails_the_run_not_the_grader(isolation, name, prefix, says):
-  with SweEnv(env_config(isolation, timeout_s=2.0)) as env:
+  with SweEnv(env_config(isolation, reward=PASS_FRACTION, timeout_s=2.0)) as env:
     env.reset(TASK)
     write = f"open({TASK.module_path!r}, 'w').write({_module_with_prefix(prefix)!r})"
     env.step(F("python", code=write))
@@ -208,7 +211,7 @@ def test_a_case_whose_value_is_huge_or_not_plain_fails_alone(isolation):
             f"class _Eq:\n    def __eq__(self, o):\n        return True\n"
             f"def {second}(*a):\n    return _Eq()\n")
   module = TASK.files[TASK.module_path] + suffix
-  with SweEnv(env_config(isolation)) as env:
+  with SweEnv(env_config(isolation, reward=PASS_FRACTION)) as env:
     env.reset(TASK)
     env.step(F("python", code=f"open({TASK.module_path!r}, 'w').write({module!r})"))
     r = env.step(F("test"))
@@ -252,7 +255,7 @@ def test_nothing_planted_in_the_workspace_changes_the_grade(isolation, plant):
   code = "import os\n" + "".join(
       f"os.makedirs(os.path.dirname({p!r}) or '.', exist_ok=True)\n"
       f"open({p!r}, 'w').write({t!r})\n" for p, t in plants.items())
-  with SweEnv(env_config(isolation)) as env:
+  with SweEnv(env_config(isolation, reward=PASS_FRACTION)) as env:
     env.reset(TASK)
     r = env.step(F("python", code=code))
     assert r.info["exit_code"] == 0, r.observation
@@ -264,7 +267,7 @@ def test_nothing_planted_in_the_workspace_changes_the_grade(isolation, plant):
 def test_without_per_call_namespaces_grading_still_holds(isolation, hack):
   # Kernels that refuse nested namespaces: graded runs import from a host staging
   # directory the sandbox can read but not write.
-  with SweEnv(env_config(isolation, timeout_s=10.0,
+  with SweEnv(env_config(isolation, reward=PASS_FRACTION, timeout_s=10.0,
                          sandbox__per_call_namespaces="off")) as env:
     if hack == "module_package":
       pkg = TASK.module_path[:-3]
@@ -280,7 +283,7 @@ def test_without_per_call_namespaces_grading_still_holds(isolation, hack):
 
 
 def test_a_module_too_large_to_grade_says_so(isolation):
-  with SweEnv(env_config(isolation)) as env:
+  with SweEnv(env_config(isolation, reward=PASS_FRACTION)) as env:
     env.reset(TASK)
     env.step(F("python", code=f"open({TASK.module_path!r}, 'a').write('#' * 300_000)"))
     r = env.step(F("test"))

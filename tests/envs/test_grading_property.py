@@ -107,7 +107,7 @@ def edits(draw):
 @given(module=edits())
 def test_no_edit_earns_more_than_the_oracle_says(module, tmp_path_factory):
   tmp = tmp_path_factory.mktemp("oracle")
-  with SweEnv(env_config(timeout_s=5.0)) as env:
+  with SweEnv(env_config(timeout_s=5.0, reward="tests_fraction")) as env:
     env.reset(TASK)
     env.step(F("python", code=f"open({TASK.module_path!r}, 'w').write({module!r})"))
     r = env.step(F("submit"))
