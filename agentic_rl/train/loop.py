@@ -564,9 +564,12 @@ class Trainer:
         gid = self.info.process_index * len(groups) + g
         for t in group.payload:
           trajs.append(dataclasses.replace(t, group_id=gid))
-      outcomes = np.asarray([(self._task_number(t), r) for t, r in pool.outcomes],
-                            np.float64).reshape(-1, 2)
-      all_outcomes = self._gather(outcomes.reshape(-1)).reshape(-1, 2)
+      # Task numbers travel as int32: a float32 gather would round ids above 2^24.
+      numbers = self._gather(np.asarray([self._task_number(t) for t, _ in pool.outcomes],
+                                        np.int32))
+      outcome_rewards = self._gather(np.asarray([r for _, r in pool.outcomes], np.float32))
+      all_outcomes = np.stack([numbers.astype(np.float64),
+                               outcome_rewards.astype(np.float64)], axis=1)
       selection = pool.selection_stats()
       pool.apply([self._task_id(n) for n in all_outcomes[:, 0]], list(all_outcomes[:, 1]))
       pool.end_step()
