@@ -22,7 +22,6 @@ from absl import logging
 from ml_collections import config_flags
 
 from agentic_rl.train import params_file
-from agentic_rl.train.checkpointing import Checkpointer, resolve_checkpoint
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/sft_base.py",
                                           "The config the run was built with.")
@@ -47,19 +46,14 @@ def main(argv):
     trainer = Trainer(_CONFIG.value, scratch)
     try:
       route = trainer._ensure_route(0)
-      holder, _ = trainer._params_from(_WORKDIR.value, trainer._init_state(route), "--workdir")
+      holder, provenance = trainer._load_params(_WORKDIR.value, trainer._init_state(route),
+                                                "--workdir")
+      params = holder["train"].params
       # Scored here, under the config's eval settings: the numbers belong to these params.
-      scored = trainer.evaluate_checkpoint(_WORKDIR.value, "--workdir")
+      scored = trainer.score_params(params)
     finally:
       trainer.close()
   samples = scored["heldout/samples_per_task"]
-  params = holder["train"].params
-  directory, step = resolve_checkpoint(_WORKDIR.value)
-  reader = Checkpointer(directory, read_only=True)
-  try:
-    _, _, extras = reader.restore(holder, step=step)
-  finally:
-    reader.close()
   config = summary["config"]
   scores = {"heldout_solve_rate_sft": scored["pass_at_k"]["1"],
             "heldout_stderr_sft": scored["solve_stderr"],
@@ -68,7 +62,7 @@ def main(argv):
             "heldout_episodes": scored["episodes"], "heldout_samples_per_task": samples,
             "heldout_mean_reward_sft": scored["mean_reward"]}
   meta = {"description": f"SFT base, {summary['sft_steps']} SFT steps "
-                         f"(best validation step {extras.get('sft_best_step')})",
+                         f"(best validation step {provenance['sft_best_step']})",
           "phase": "sft", "sft_step": summary["sft_steps"], "rl_step": 0}
   os.makedirs(_OUT.value, exist_ok=True)
   file = params_file.save_params(_OUT.value, params, meta)
@@ -80,8 +74,8 @@ def main(argv):
     json.dump(config, f, indent=1)
   base = {"command": _COMMAND.value,
           "export_command": f"python -m launch.export_base --workdir DIR --out {_OUT.value}",
-          "sft_steps": summary["sft_steps"], "sft_best_step": extras.get("sft_best_step"),
-          "sft_plateau": extras.get("sft_plateau"), "wall_seconds": summary["wall_seconds"],
+          "sft_steps": summary["sft_steps"], "sft_best_step": provenance["sft_best_step"],
+          "sft_plateau": provenance["sft_plateau"], "wall_seconds": summary["wall_seconds"],
           "eval_settings": {"tasks": config["train"]["eval_tasks"],
                             "samples_per_task": config["train"]["eval_samples"],
                             "temperature": config["train"]["eval_temperature"]},

@@ -146,12 +146,8 @@ def make_update(model, spec: RLSpec, *, donate: bool = False):
                        f"config.rl.optim.num_micro_batches={m}.")
     learner.check_replay_available(batch, spec, model_spec)
     norms = objectives.loss_normalizers(batch.loss_mask_bt, spec.constant_normalizer)
-    if adv_bt is not None:
-      pass
-    elif spec.uses_values:
-      adv_bt = jnp.zeros_like(batch.loss_mask_bt)  # computed per micro-batch from values
-    else:
-      adv_bt = batch_advantages(spec, batch)
+    if adv_bt is None:
+      adv_bt = _step_advantages(spec, batch)
     if m == 1:
       (_, (sums, loads)), grads = grad_fn(state.params, state.ref_params, batch, adv_bt, norms)
     else:
@@ -198,6 +194,14 @@ def batch_advantages(spec: RLSpec, batch: Batch):
                                   batch.process_reward_bt, batch.turn_index_bt)
 
 
+def _step_advantages(spec: RLSpec, batch: Batch):
+  """What an update gets as advantages: group ones, or zeros for GAE, whose advantages
+  come per micro-batch from the values."""
+  if spec.uses_values:
+    return jnp.zeros_like(batch.loss_mask_bt)
+  return batch_advantages(spec, batch)
+
+
 def _take_rows(tree, rows):
   return jax.tree.map(lambda x: jnp.take(x, rows, axis=0), tree)
 
@@ -220,8 +224,7 @@ def make_train_step(model, spec: RLSpec, *, donate: bool = False):
   micro = spec.num_micro_batches
   score_fn = jax.jit(lambda params, ref_params, batch: learner.with_old_policy(
       model, params, batch, spec, ref_params))
-  advantages_fn = jax.jit(lambda batch: jnp.zeros_like(batch.loss_mask_bt) if spec.uses_values
-                          else batch_advantages(spec, batch))
+  advantages_fn = jax.jit(lambda batch: _step_advantages(spec, batch))
   update_rows = jax.jit(lambda state, batch, adv_bt, rows: update(
       state, _take_rows(batch, rows), _take_rows(adv_bt, rows)))
 
@@ -236,18 +239,16 @@ def make_train_step(model, spec: RLSpec, *, donate: bool = False):
     adv_bt = advantages_fn(scored)
     # Row order per epoch from the update count: a resumed run shuffles the same way.
     rng = np.random.default_rng([17, int(jax.device_get(state.step))])
-    per_update, first_clip = [], []
-    for epoch in range(spec.ppo_epochs):
+    per_update = []
+    for _ in range(spec.ppo_epochs):
       order = rng.permutation(b) if mb > 1 else np.arange(b)
       for rows in np.split(order, mb):
         state, metrics = update_rows(state, scored, adv_bt, jnp.asarray(rows, jnp.int32))
         per_update.append(metrics)
-        if epoch == 0:
-          first_clip.append(metrics["clip_frac"])
+    clip_frac = lambda updates: jnp.mean(jnp.stack([m["clip_frac"] for m in updates]))
     metrics = _mean_metrics(per_update)
-    metrics["clip_frac_first_epoch"] = jnp.mean(jnp.stack(first_clip))
-    metrics["clip_frac_last_epoch"] = jnp.mean(jnp.stack(
-        [m["clip_frac"] for m in per_update[-mb:]]))
+    metrics["clip_frac_first_epoch"] = clip_frac(per_update[:mb])
+    metrics["clip_frac_last_epoch"] = clip_frac(per_update[-mb:])
     metrics["updates"] = jnp.float32(len(per_update))
     return state, metrics
 

@@ -53,6 +53,8 @@ from agentic_rl.train import sft as sft_lib
 from agentic_rl.train.checkpointing import Checkpointer, resolve_checkpoint
 from agentic_rl.train.metrics_logger import MetricsLogger
 
+# What a run's params carry of their history (a checkpoint's extras, a params file's metadata).
+_PROVENANCE_KEYS = ("phase", "sft_step", "rl_step", "sft_best_step", "sft_plateau")
 # What a held-out score depends on besides the params; scores agree only when these do.
 _EVAL_SETTING_KEYS = ("heldout/num_tasks", "heldout/samples_per_task", "heldout/temperature")
 
@@ -221,15 +223,19 @@ class Trainer:
     holder = self._init_state(route)
     if self.info.process_count > 1:
       holder = distributed.replicate(self.mesh, jax.device_get(holder))
-    load = self._params_from_file if params_file.params_path(path) else self._params_from
-    holder, provenance = load(path, holder, source)
+    holder, provenance = self._load_params(path, holder, source)
+    return {"checkpoint": provenance, **self.score_params(holder["train"].params)}
+
+  def score_params(self, params) -> dict:
+    """Held-out scores of `params` under this config's eval settings, with the pass@k
+    curve and each task's solves (what launch/evaluate and launch/export_base report)."""
+    self._ensure_route(0)
     num_tasks = int(self.base_config.train.eval_tasks)
     t0 = time.time()
-    solved_bk, rewards = self._heldout_solved(holder["train"].params, num_tasks)
+    solved_bk, rewards = self._heldout_solved(params, num_tasks)
     curve = pass_at_k_curve(solved_bk)
     samples = solved_bk.shape[1]
-    return {"checkpoint": provenance,
-            **self._eval_settings(),
+    return {**self._eval_settings(),
             "pass_at_k": {str(k): v for k, v in curve.items()},
             "sharpening_headroom": curve[samples] - curve[1],
             "solve_stderr": pass1_stderr(solved_bk),
@@ -293,10 +299,8 @@ class Trainer:
             f"{extras['sft_step'] if extras['phase'] == 'sft' else extras['rl_step']}",
             flush=True)
     elif tc.init_checkpoint:
-      load = (self._params_from_file if params_file.params_path(tc.init_checkpoint)
-              else self._params_from)
-      holder, extras["init_checkpoint"] = load(tc.init_checkpoint, holder,
-                                               "config.train.init_checkpoint")
+      holder, extras["init_checkpoint"] = self._load_params(
+          tc.init_checkpoint, holder, "config.train.init_checkpoint")
     global_step = extras["sft_step"] + extras["rl_step"]
     self.logger = MetricsLogger(self.workdir, resume_step=global_step,
                                 enabled=self.info.is_primary)
@@ -328,9 +332,18 @@ class Trainer:
     self.close()
     return summary
 
-  def _params_from(self, path: str, holder: dict, source: str) -> tuple[dict, dict]:
-    """`holder` with the params of the checkpoint at `path` (everything else as given);
-    `source` (the config field or flag `path` came from) prefixes restore errors."""
+  def _load_params(self, path: str, holder: dict, source: str) -> tuple[dict, dict]:
+    """`holder` with the params saved at `path` (everything else as given) and where they
+    came from: a params.safetensors folder (a shipped base) or a run's checkpoint. `source`
+    (the config field or flag `path` came from) prefixes load errors."""
+    if params_file.params_path(path):
+      return self._params_from_file(path, holder, source)
+    return self._params_from_checkpoint(path, holder, source)
+
+  def _params_from_checkpoint(self, path: str, holder: dict, source: str
+                              ) -> tuple[dict, dict]:
+    """`holder` with the params of the checkpoint at `path` (a workdir, its checkpoints/
+    folder or one step folder)."""
     directory, step = resolve_checkpoint(path)
     reader = Checkpointer(directory, read_only=True)
     # The source may or may not carry a KL reference (its run's kl_coef): try both layouts.
@@ -352,7 +365,7 @@ class Trainer:
           f"sft step {source_extras.get('sft_step')}, rl step {source_extras.get('rl_step')})",
           flush=True)
     provenance = {"directory": directory, "step": int(step),
-                  **{k: source_extras.get(k) for k in ("phase", "sft_step", "rl_step")}}
+                  **{k: source_extras.get(k) for k in _PROVENANCE_KEYS}}
     return {**holder, "train": _with_reference(holder["train"].replace(params=params))}, \
         provenance
 
@@ -369,7 +382,7 @@ class Trainer:
     meta = params_file.read_metadata(path)
     file = params_file.params_path(path)
     print(f"params from {file} ({meta.get('description', 'no description')})", flush=True)
-    provenance = {"file": file, **{k: meta.get(k) for k in ("phase", "sft_step", "rl_step")}}
+    provenance = {"file": file, **{k: meta.get(k) for k in _PROVENANCE_KEYS}}
     return {**holder, "train": _with_reference(holder["train"].replace(params=params))}, \
         provenance
 
@@ -568,10 +581,8 @@ class Trainer:
       numbers = self._gather(np.asarray([self._task_number(t) for t, _ in pool.outcomes],
                                         np.int32))
       outcome_rewards = self._gather(np.asarray([r for _, r in pool.outcomes], np.float32))
-      all_outcomes = np.stack([numbers.astype(np.float64),
-                               outcome_rewards.astype(np.float64)], axis=1)
       selection = pool.selection_stats()
-      pool.apply([self._task_id(n) for n in all_outcomes[:, 0]], list(all_outcomes[:, 1]))
+      pool.apply([self._task_id(n) for n in numbers], list(outcome_rewards))
       pool.end_step()
 
       t1 = time.time()
@@ -593,7 +604,7 @@ class Trainer:
       logged = {**metrics,
                 # Every episode sampled this step, the uniform groups dynamic sampling
                 # dropped included; batch/* is the part the learner trained on.
-                **episode_rates("rollout", all_outcomes[:, 1]),
+                **episode_rates("rollout", outcome_rewards),
                 **episode_rates("batch", rewards),
                 "rollout/generated_tokens": gen_tokens,
                 "rollout/tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
@@ -608,7 +619,7 @@ class Trainer:
                 "stage/route_a": float(route.name == "A"),
                 **selection,
                 **tool_stats}
-      logged["rollout/solve_stderr"] = _solve_stderr_by_task(all_outcomes)
+      logged["rollout/solve_stderr"] = _solve_stderr_by_task(numbers, outcome_rewards)
       if (step + 1) % tc.eval_every == 0 or step + 1 == num_steps:
         evaluation = self.evaluate(state.params, tc.eval_tasks)
         logged.update({k: v for k, v in evaluation.items() if not isinstance(v, list)})
@@ -684,14 +695,12 @@ def _with_reference(state):
   return state.replace(ref_params=jax.tree.map(jnp.copy, state.params))
 
 
-def _solve_stderr_by_task(outcomes_n2: np.ndarray) -> float:
-  """Stderr of the solve rate of (task id, reward) outcomes, tasks as the unit."""
-  tasks, inverse = np.unique(outcomes_n2[:, 0], return_inverse=True)
-  solved = (outcomes_n2[:, 1] >= SOLVED_REWARD).astype(np.float64)
-  per_task = np.bincount(inverse, solved) / np.bincount(inverse)
-  if tasks.size < 2:
-    return 0.0
-  return float(per_task.std(ddof=1) / np.sqrt(tasks.size))
+def _solve_stderr_by_task(task_n: np.ndarray, rewards_n: np.ndarray) -> float:
+  """Stderr of the solve rate of episodes of tasks `task_n`, tasks as the unit."""
+  _, inverse = np.unique(task_n, return_inverse=True)
+  solved_n = (np.asarray(rewards_n, np.float64) >= SOLVED_REWARD).astype(np.float64)
+  per_task_b = np.bincount(inverse, solved_n) / np.bincount(inverse)
+  return pass1_stderr(per_task_b[:, None])
 
 
 def _eval_settings_text(scores: dict) -> str:

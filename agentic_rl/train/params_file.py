@@ -62,7 +62,7 @@ def load_params(path: str, like: Any, source: str = "params file", *,
   arrays = load_file(file)
   expected = flatten(like)
   for name in set(expected) - set(arrays):
-    if name.startswith(fresh_prefixes) and fresh_prefixes:
+    if name.startswith(fresh_prefixes):  # False for no prefixes
       arrays[name] = expected[name]
   missing = sorted(set(expected) - set(arrays))
   unexpected = sorted(set(arrays) - set(expected))

@@ -21,6 +21,7 @@ def test_stream_is_a_seeded_permutation_per_tier_read_by_position():
 
 def test_solve_stderr_counts_tasks_not_episodes():
   # Tasks 1 and 2, two episodes each: per-task solve rates 1.0 and 0.0.
-  outcomes = np.asarray([[1, 1.0], [1, 1.0], [2, 0.5], [2, 0.0]])
-  assert _solve_stderr_by_task(outcomes) == pytest.approx(np.std([1.0, 0.0], ddof=1) / 2 ** 0.5)
-  assert _solve_stderr_by_task(np.asarray([[5, 1.0], [5, 0.0]])) == 0.0
+  tasks, rewards = np.asarray([1, 1, 2, 2]), np.asarray([1.0, 1.0, 0.5, 0.0])
+  assert _solve_stderr_by_task(tasks, rewards) == pytest.approx(
+      np.std([1.0, 0.0], ddof=1) / 2 ** 0.5)
+  assert _solve_stderr_by_task(np.asarray([5, 5]), np.asarray([1.0, 0.0])) == 0.0
