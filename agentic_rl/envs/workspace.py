@@ -321,7 +321,17 @@ class Workspace:
     return self.read_bytes(rel, max_bytes).decode("utf-8", errors="replace")
 
   def write_text(self, rel: str, text: str, must_exist: bool = True) -> None:
-    """Atomically replaces `rel` (a symlink there is replaced, never followed)."""
+    """Atomically replaces `rel` (a symlink there is replaced, never followed).
+
+    Text UTF-8 cannot encode (a lone surrogate) or a failed write raises FileToolError
+    and leaves `rel` as it was, with no temporary file behind.
+    """
+    try:  # Before any file is made.
+      data = text.encode("utf-8")
+    except UnicodeEncodeError as e:
+      line = text.count("\n", 0, e.start) + 1
+      raise FileToolError(f"cannot write {rel}: the text is not valid UTF-8 (lone surrogate "
+                          f"at line {line})") from None
     real = self.resolve(rel)
     if os.path.lexists(real):
       st = os.lstat(real)
@@ -333,14 +343,29 @@ class Workspace:
     if not os.path.isdir(parent) or os.path.islink(parent):
       raise FileToolError(f"no such directory for {rel}")
     tmp = os.path.join(parent, f".tmp-{uuid.uuid4().hex[:12]}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
-      os.write(fd, text.encode("utf-8"))
-      if self._owner is not None:
-        os.fchown(fd, self._owner, self._owner)
-    finally:
-      os.close(fd)
-    os.replace(tmp, real)
+      fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                   0o644)
+    except OSError as e:
+      raise FileToolError(f"cannot write {rel}: {e.strerror or e}") from None
+    try:
+      try:
+        view = memoryview(data)
+        while view:  # A full quota can cut a write short before it fails.
+          view = view[os.write(fd, view):]
+        if self._owner is not None:
+          os.fchown(fd, self._owner, self._owner)
+      finally:
+        os.close(fd)
+      os.replace(tmp, real)
+    except BaseException as e:
+      try:
+        os.unlink(tmp)
+      except OSError:
+        pass
+      if isinstance(e, OSError):
+        raise FileToolError(f"cannot write {rel}: {e.strerror or e}") from None
+      raise
 
   def restore_file(self, rel: str, text: str) -> None:
     """Writes a pristine copy of `rel`, whatever the sandbox left at that name."""

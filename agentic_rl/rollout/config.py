@@ -19,6 +19,12 @@ END_TURN_BUDGET = "turn_budget"  # max_turns assistant turns were taken.
 END_TOKEN_BUDGET = "token_budget"  # max_total_tokens reached.
 END_CONTEXT_LIMIT = "context_limit"  # The slot's cache capacity (max_len) reached.
 END_EOS = "eos"  # The model emitted <|eos|> and the environment did not end the episode.
+# Failures of one trajectory; it ends there (Trajectory.error holds the exception) and the
+# rest of the run goes on.
+END_ENV_ERROR = "env_error"  # env_factory, env.reset or env.step raised, or a bad StepResult.
+END_RENDER_ERROR = "render_error"  # The tokenizer raised on a prompt, observation or action.
+END_REASONS = (END_SUBMIT, END_TURN_BUDGET, END_TOKEN_BUDGET, END_CONTEXT_LIMIT, END_EOS,
+               END_ENV_ERROR, END_RENDER_ERROR)  # The engine's own; envs may add theirs.
 # Why a model turn ended (per turn, in Trajectory.turn_end_reasons).
 TURN_STOP = "stop"  # The model emitted a stop id (<|end_turn|> or <|eos|>).
 TURN_MAX_NEW_TOKENS = "max_new_tokens"  # max_new_tokens_per_turn reached; turn truncated.

@@ -35,6 +35,18 @@ Environment protocol: `env_factory() -> env`; `env.reset(task) -> str`;
 info['process_signal'] and, when done, info['end_reason']; `env.close()`;
 an optional `env.system_prompt` str. Rewards are summed over steps.
 
+Text boundary: every observation and every action (decoded from the model, or a
+teacher's) passes through `valid_text` before a tokenizer or an environment sees it,
+so a lone surrogate becomes U+FFFD instead of an error.
+
+Failures of one trajectory end only that trajectory: an exception (not
+KeyboardInterrupt or SystemExit) from env_factory, env.reset or env.step, or a
+malformed StepResult, ends it with config.END_ENV_ERROR, one from the tokenizer on
+its prompt, observation or teacher action with END_RENDER_ERROR; `Trajectory.error`
+holds the exception, the reward is what the env paid so far, and the other slots go
+on. A failed reset or prompt ends the whole group (its members share that prompt)
+with trajectories of no tokens and reward 0.
+
 Teacher forcing (optional): `teacher_factory(task) -> teacher` with
 `teacher.act(observation) -> str`; each model turn then feeds the teacher's
 text (+ end_turn) instead of drawing, recording the model's log-prob of it.
@@ -47,6 +59,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import enum
+import logging
 import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -57,10 +70,14 @@ import numpy as np
 
 from agentic_rl.model import cache as cache_lib
 from agentic_rl.model import transformer
+from agentic_rl.rl import sampling_mask as sampling_mask_lib
 from agentic_rl.rollout import config as config_lib
 from agentic_rl.rollout import sampling
 from agentic_rl.rollout.device_steps import DeviceSteps
 from agentic_rl.rollout.trajectory import Trajectory, TrajectoryBuilder
+from agentic_rl.rollout.valid_text import valid_text
+
+log = logging.getLogger(__name__)
 
 
 class SlotState(enum.Enum):
@@ -166,12 +183,18 @@ class _Active:
   eos: bool = False
   truncated_turn: bool = False
   end_reason: str | None = None
+  error: str = ""  # The exception that ended it (END_ENV_ERROR, END_RENDER_ERROR).
 
 
 def _timed(fn, *args):
   start = time.perf_counter()
   result = fn(*args)
   return result, time.perf_counter() - start
+
+
+def _error_text(error: Exception, limit: int = 2000) -> str:
+  text = valid_text(f"{type(error).__name__}: {error}")
+  return text if len(text) <= limit else text[:limit] + f" [{len(text) - limit} more chars]"
 
 
 def _member_seed(base_seed: int, task_seed: int, member: int) -> int:
@@ -212,6 +235,11 @@ class RolloutEngine:
         (("experts",) if model.spec.is_moe_layer(i) else ())
         + (("blocks",) if t == "G" else ())
         for i, t in enumerate(model.spec.layer_types))
+    ms = model.spec
+    empty = {"experts": np.zeros((0, ms.num_experts_per_token), np.int32),
+             "blocks": np.zeros((ms.num_kv_heads, 0, ms.num_selected_blocks), np.int32)}
+    # The replay of a trajectory with no tokens (a group that never started).
+    self._empty_replay = tuple({k: empty[k] for k in keys} for keys in self._layer_replay_keys)
     self._stop_ids = frozenset(tokenizer.stop_ids)
     self._pool = concurrent.futures.ThreadPoolExecutor(spec.env_threads,
                                                        thread_name_prefix="rollout-env")
@@ -331,21 +359,34 @@ class RolloutEngine:
       raise
 
   def _harvest(self) -> None:
-    for group in self._groups:
+    for group in list(self._groups):  # A group that fails to start leaves the deque.
       if group.builder is None and all(f.done() for f in group.reset_futures):
         self._on_group_reset(group)
     for active in self._slots:
       if active is not None and active.state is SlotState.ENV and active.future.done():
-        (result, seconds) = active.future.result()
-        self.stats.env_thread_s += seconds
         self.stats.env_steps += 1
+        try:
+          (result, seconds) = active.future.result()
+        except Exception as e:  # Not BaseException: an interrupt still stops the run.
+          self._fail(active, config_lib.END_ENV_ERROR, e)
+          continue
+        self.stats.env_thread_s += seconds
         self._on_env_result(active, result)
 
   def _on_group_reset(self, group: _Group) -> None:
+    failure = None
     for member, future in zip(group.members, group.reset_futures):
-      (member.env, member.observation), seconds = future.result()
+      try:
+        (member.env, observation), seconds = future.result()
+        member.observation = valid_text(observation)
+      except Exception as e:  # env_factory or env.reset raised (the env is closed).
+        failure = failure or e
+        continue
       self.stats.env_thread_s += seconds
       self.stats.env_resets += 1
+    if failure is not None:
+      self._fail_group(group, config_lib.END_ENV_ERROR, failure)
+      return
     first = group.members[0]
     for member in group.members[1:]:
       if member.observation != first.observation:
@@ -353,8 +394,13 @@ class RolloutEngine:
                          "observations; a group shares one prompt, so env.reset(task) "
                          "must be deterministic in the task.")
     system = getattr(first.env, "system_prompt", None) or self.spec.system_prompt
-    turns = ([("system", system)] if system else []) + [("user", first.observation)]
-    prompt = self.tokenizer.render_conversation(turns, add_generation_prompt=True)
+    try:
+      turns = ([("system", valid_text(system))] if system else []) + \
+          [("user", first.observation)]
+      prompt = self.tokenizer.render_conversation(turns, add_generation_prompt=True)
+    except Exception as e:
+      self._fail_group(group, config_lib.END_RENDER_ERROR, e)
+      return
     if len(prompt) + 1 > self.spec.token_limit:
       raise ValueError(
           f"task {group.group_id}: the prompt has {len(prompt)} tokens, leaving no room "
@@ -389,8 +435,11 @@ class RolloutEngine:
     active = _Active(slot=slot, group=group, member=member, builder=group.builder.copy(),
                      cache_len=group.cache_len)
     self._slots[slot] = active
-    if member.teacher is not None:
-      self._queue_teacher_turn(active, member.observation)
+    if group.next_member == len(group.members):  # Every member has its copy.
+      self._groups.remove(group)
+      self._free_store_rows.append(group.store_row)
+    if member.teacher is not None and not self._queue_teacher_turn(active, member.observation):
+      return  # Ended with its prompt alone: the teacher's first action did not tokenize.
     forced = active.forced.popleft() if active.forced else -1
     _, version = self._current_params()
     self.cache, sampled = self.steps.fork(
@@ -399,17 +448,22 @@ class RolloutEngine:
         jnp.int32(forced))
     sampled = jax.device_get(sampled)
     self.stats.forks += 1
-    if group.next_member == len(group.members):  # Every member has its copy.
-      self._groups.remove(group)
-      self._free_store_rows.append(group.store_row)
     active.builder.begin_turn()
     self._on_token(active, sampled.tokens_b[0], sampled.logp_b[0], sampled.mask_bw[0],
                    version)
 
-  def _queue_teacher_turn(self, active: _Active, observation: str) -> None:
-    text = active.member.teacher.act(observation)
-    active.forced.extend(self.tokenizer.encode(text, parse_special=True))
+  def _queue_teacher_turn(self, active: _Active, observation: str) -> bool:
+    """Queues the teacher's next action as forced tokens; False when its text did not
+    tokenize (the trajectory then ends with END_RENDER_ERROR)."""
+    text = valid_text(active.member.teacher.act(observation))
+    try:
+      ids = self.tokenizer.encode(text, parse_special=True)
+    except Exception as e:
+      self._fail(active, config_lib.END_RENDER_ERROR, e)
+      return False
+    active.forced.extend(ids)
     active.forced.append(self.tokenizer.end_turn_id)
+    return True
 
   def _current_params(self):
     with self._params_lock:
@@ -439,16 +493,24 @@ class RolloutEngine:
     ids = active.builder.tokens[active.builder.turn_spans[-1][0]:]
     if ids and ids[-1] in self._stop_ids:
       ids = ids[:-1]
-    action = self.tokenizer.decode(ids)
+    try:  # A byte-level decode may hold surrogates; the env gets valid text.
+      action = valid_text(self.tokenizer.decode(ids))
+    except Exception as e:
+      self._fail(active, config_lib.END_RENDER_ERROR, e)
+      return
     active.forced.clear()
     active.state = SlotState.ENV
     active.future = self._pool.submit(_timed, active.member.env.step, action)
 
   def _on_env_result(self, active: _Active, result) -> None:
     b = active.builder
-    info = dict(result.info or {})
-    active.reward += float(result.reward)
-    b.record_step(info.get("process_signal", 0.0), info)
+    try:  # A malformed StepResult is the environment's failure too.
+      info = dict(result.info or {})
+      active.reward += float(result.reward)
+      b.record_step(info.get("process_signal", 0.0), info)
+    except Exception as e:
+      self._fail(active, config_lib.END_ENV_ERROR, e)
+      return
     if result.done:
       self._finish(active, info.get("end_reason") or config_lib.END_SUBMIT)
       return
@@ -458,19 +520,54 @@ class RolloutEngine:
     if b.num_turns >= self.spec.max_turns:
       self._finish(active, config_lib.END_TURN_BUDGET)
       return
-    tool_ids = ([self.tokenizer.end_turn_id] if active.truncated_turn else []) + \
-        self.tokenizer.render_turn("tool", result.observation)
+    try:
+      observation = valid_text(result.observation)
+      tool_ids = ([self.tokenizer.end_turn_id] if active.truncated_turn else []) + \
+          self.tokenizer.render_turn("tool", observation)
+    except Exception as e:
+      self._fail(active, config_lib.END_RENDER_ERROR, e)
+      return
     header = self.tokenizer.generation_prompt()
     if b.length + len(tool_ids) + len(header) + 1 > self.spec.token_limit:
       self._finish(active, self.spec.token_limit_reason)
       return
+    # Before the context is added: a trajectory that ends here has nothing left to prefill.
+    if active.member.teacher is not None and not self._queue_teacher_turn(active, observation):
+      return
     active.truncated_turn = False
     b.add_context(tool_ids)
     b.add_context(header, new_turn=True)
-    if active.member.teacher is not None:
-      self._queue_teacher_turn(active, result.observation)
     active.state = SlotState.PREFILL
     self._prefill_queue.append(active)
+
+  def _fail(self, active: _Active, reason: str, error: Exception) -> None:
+    """Ends one trajectory on an exception of its env or its text; the others go on."""
+    active.error = _error_text(error)
+    log.warning("trajectory %d ends with %s: %s", active.member.trajectory_id, reason,
+                active.error)
+    self._finish(active, reason)
+
+  def _fail_group(self, group: _Group, reason: str, error: Exception) -> None:
+    """Ends every member of a group that cannot start (no prompt): no tokens, reward 0."""
+    text = _error_text(error)
+    log.warning("task %d: its group ends with %s: %s", group.group_id, reason, text)
+    width = sampling_mask_lib.packed_width(self.model.spec.vocab_size)
+    for m in group.members:
+      if m.env is not None:
+        self._pool.submit(m.env.close)
+        m.env = None
+      none_i, none_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
+      self._finished.append(Trajectory(
+          trajectory_id=m.trajectory_id, group_id=group.group_id, member=m.member,
+          seed=m.seed, task=group.task, tokens=none_i, loss_mask=none_f,
+          sampler_logp=none_f.copy(), sampling_mask=np.zeros((0, width), np.uint8),
+          policy_version=none_i.copy(), turn_index=none_i.copy(),
+          replay=tuple({k: v.copy() for k, v in layer.items()} for layer in self._empty_replay),
+          turn_spans=[], turn_end_reasons=[], process_signals=[], tool_infos=[], reward=0.0,
+          end_reason=reason, temperature=self.spec.recorded_temperature, prompt_length=0,
+          error=text))
+    self._groups.remove(group)
+    self._free_store_rows.append(group.store_row)
 
   def _finish(self, active: _Active, reason: str) -> None:
     active.end_reason = reason
@@ -484,7 +581,8 @@ class RolloutEngine:
     self._finished.append(active.builder.finish(
         trajectory_id=m.trajectory_id, group_id=g.group_id, member=m.member, seed=m.seed,
         task=g.task, reward=active.reward, end_reason=active.end_reason,
-        temperature=self.spec.recorded_temperature, prompt_length=g.cache_len))
+        temperature=self.spec.recorded_temperature, prompt_length=g.cache_len,
+        error=active.error))
     self._pool.submit(m.env.close)
     m.env = None
     self._slots[active.slot] = None

@@ -1,7 +1,8 @@
 """The trajectory record: everything the learner needs to score exactly what was sampled.
 
 A trajectory is one token sequence, left to right: the prompt, then each model
-turn followed by its tool turn. Arrays of length L index that sequence.
+turn followed by its tool turn. Arrays of length L index that sequence. L is 0 when
+the group never started (its env reset or prompt failed: end_reason is an error).
 
 Target-aligned arrays (entry t is about tokens[t], drawn from the logits at t - 1):
   loss_mask        float32 [L]     1 on model-generated tokens, 0 on prompt, tool output,
@@ -58,6 +59,8 @@ class Trajectory:
   end_reason: str
   temperature: float
   prompt_length: int
+  # When end_reason is an error (config.END_ENV_ERROR, END_RENDER_ERROR): the exception.
+  error: str = ""
 
   @property
   def length(self) -> int:
@@ -189,7 +192,7 @@ class TrajectoryBuilder:
 
   def finish(self, *, trajectory_id: int, group_id: int, member: int, seed: int, task: Any,
              reward: float, end_reason: str, temperature: float,
-             prompt_length: int) -> Trajectory:
+             prompt_length: int, error: str = "") -> Trajectory:
     if self._turn_start is not None:
       raise RuntimeError("finish called inside an open turn.")
     length = len(self.tokens)
@@ -213,7 +216,7 @@ class TrajectoryBuilder:
         turn_spans=list(self.turn_spans), turn_end_reasons=list(self.turn_end_reasons),
         process_signals=list(self.process_signals), tool_infos=list(self.tool_infos),
         reward=float(reward), end_reason=end_reason, temperature=float(temperature),
-        prompt_length=prompt_length)
+        prompt_length=prompt_length, error=error)
 
 
 def to_batch(trajectories: Sequence[Trajectory], *, length: int | None = None,

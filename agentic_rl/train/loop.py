@@ -29,6 +29,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from agentic_rl.envs import config as env_config_lib
+from agentic_rl.envs import env as env_lib
 from agentic_rl.envs.audit import AuditLog
 from agentic_rl.envs.datasets import SweTaskSource
 from agentic_rl.envs.swe_env import SweEnv
@@ -57,6 +58,8 @@ from agentic_rl.train.metrics_logger import MetricsLogger
 _PROVENANCE_KEYS = ("phase", "sft_step", "rl_step", "sft_best_step", "sft_plateau")
 # What a held-out score depends on besides the params; scores agree only when these do.
 _EVAL_SETTING_KEYS = ("heldout/num_tasks", "heldout/samples_per_task", "heldout/temperature")
+# Logged per RL step as rollout/end_<reason> (episodes that ended so), errors included.
+END_REASONS = tuple(dict.fromkeys(rollout_config_lib.END_REASONS + env_lib.END_REASONS))
 
 
 @dataclasses.dataclass
@@ -556,12 +559,13 @@ class Trainer:
       t0 = time.time()
       pool.rng = np.random.default_rng([cfg.seed, 11, step])
       route.engine.set_params(self._local(state.params), step)
-      seeds_used = []
+      seeds_used, end_reasons = [], []
 
       def generate(task_ids, group_size, _route=route, _step=step):
         seeds = [int(_step) * 1_000_003 + self._task_number(t) for t in task_ids]
         seeds_used.extend(seeds)
         trajs = _route.engine.run([self._train_task(t) for t in task_ids], task_seeds=seeds)
+        end_reasons.extend(t.end_reason for t in trajs)
         groups = []
         for g, task in enumerate(task_ids):
           members = [t for t in trajs if t.group_id == g]
@@ -589,6 +593,7 @@ class Trainer:
       # Every process pads to one length: the longest trajectory rounded up to a multiple
       # of 128 (a handful of shapes to compile, far less padding than max_len).
       longest = int(self._gather(np.asarray([max(t.length for t in trajs)], np.int64)).max())
+      longest = max(longest, 1)  # Every group may have failed to start (no tokens).
       local_batch = to_batch(trajs, length=sft_lib.padded_length(
           longest, route.rollout_spec.max_len, multiple=128))
       batch = (distributed.global_batch(self.mesh, local_batch)
@@ -613,6 +618,7 @@ class Trainer:
                 "rollout/sampling_rounds": collect_stats.rounds,
                 "rollout/peak_kv_bytes": route.engine.stats.peak_kv_bytes,
                 "rollout/mean_length": float(np.mean([t.length for t in trajs])),
+                **end_reason_metrics(end_reasons, self._gather),
                 "learner/seconds": learner_s,
                 "learner/tokens_per_s": float(np.asarray(local_batch.loss_mask_bt).sum()
                                               * self.info.process_count) / max(learner_s, 1e-9),
@@ -693,6 +699,16 @@ def _with_reference(state):
   if state.ref_params is None:
     return state
   return state.replace(ref_params=jax.tree.map(jnp.copy, state.params))
+
+
+def end_reason_metrics(reasons, gather=lambda x: x) -> dict:
+  """rollout/end_<reason>: episodes by how they ended, one key per END_REASONS entry and
+  'other', summed over processes by `gather` (a flat all-gather of each one's counts)."""
+  names = END_REASONS + ("other",)
+  counts = [sum(r == n for r in reasons) for n in END_REASONS]
+  counts.append(len(reasons) - sum(counts))
+  counts = gather(np.asarray(counts, np.int32)).reshape(-1, len(names)).sum(0)
+  return {f"rollout/end_{n}": int(c) for n, c in zip(names, counts)}
 
 
 def _solve_stderr_by_task(task_n: np.ndarray, rewards_n: np.ndarray) -> float:

@@ -24,6 +24,7 @@ from agentic_rl.rl.train_step import TrainState
 from agentic_rl.rollout import engine as engine_lib
 from agentic_rl.rollout import teacher as teacher_lib
 from agentic_rl.rollout.trajectory import Trajectory
+from agentic_rl.rollout.valid_text import valid_text
 
 
 def record_demonstrations(model, params, rollout_spec, tokenizer, env_factory, tasks,
@@ -61,8 +62,9 @@ def render_demonstration(tokenizer, rollout_spec, first_observation: str,
   the recorded observations would no longer follow: such episodes are not demonstrations.
   """
   spec = rollout_spec
-  prompt_turns = ([("system", system_prompt)] if system_prompt else []) + \
-      [("user", first_observation)]
+  # The engine's text boundary: what it would feed the tokenizer (no lone surrogates).
+  prompt_turns = ([("system", valid_text(system_prompt))] if system_prompt else []) + \
+      [("user", valid_text(first_observation))]
   tokens = list(tokenizer.render_conversation(prompt_turns, add_generation_prompt=True))
   mask = [0.0] * len(tokens)
   limit = spec.token_limit
@@ -70,7 +72,8 @@ def render_demonstration(tokenizer, rollout_spec, first_observation: str,
     raise ValueError(f"the prompt has {len(tokens)} tokens, leaving no room for a generated "
                      f"token within {limit} ({spec.token_limit_reason}).")
   for n, (action, observation) in enumerate(turns, 1):
-    ids = list(tokenizer.encode(action, parse_special=True)) + [tokenizer.end_turn_id]
+    ids = list(tokenizer.encode(valid_text(action), parse_special=True)) + \
+        [tokenizer.end_turn_id]
     if len(ids) > spec.max_new_tokens_per_turn:
       return None
     for i, tok in enumerate(ids):
@@ -81,7 +84,8 @@ def render_demonstration(tokenizer, rollout_spec, first_observation: str,
     last = n == len(turns)  # The expert's last action ends the episode (submit).
     if last or n >= spec.max_turns:
       break
-    context = list(tokenizer.render_turn("tool", observation)) + tokenizer.generation_prompt()
+    context = (list(tokenizer.render_turn("tool", valid_text(observation)))
+               + tokenizer.generation_prompt())
     if len(tokens) + len(context) + 1 > limit:
       break
     tokens.extend(context)
