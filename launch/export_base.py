@@ -41,7 +41,8 @@ def main(argv):
     raise app.UsageError(f"{summary_path} does not exist: is the run finished?")
   with open(summary_path) as f:
     summary = json.load(f)
-  from agentic_rl.train.loop import Trainer  # After flag parsing: --help stays fast.
+  from agentic_rl.train.evaluation import base_json_scores  # After flag parsing: --help
+  from agentic_rl.train.loop import Trainer  # stays fast.
   with tempfile.TemporaryDirectory() as scratch:
     trainer = Trainer(_CONFIG.value, scratch)
     try:
@@ -53,14 +54,8 @@ def main(argv):
       scored = trainer.score_params(params)
     finally:
       trainer.close()
-  samples = scored["heldout/samples_per_task"]
   config = summary["config"]
-  scores = {"heldout_solve_rate_sft": scored["pass_at_k"]["1"],
-            "heldout_stderr_sft": scored["solve_stderr"],
-            "heldout_pass_at_k_sft": scored["pass_at_k"][str(samples)],
-            "heldout_pass_at_k_curve": scored["pass_at_k"],
-            "heldout_episodes": scored["episodes"], "heldout_samples_per_task": samples,
-            "heldout_mean_reward_sft": scored["mean_reward"]}
+  scores = base_json_scores(scored)
   meta = {"description": f"SFT base, {summary['sft_steps']} SFT steps "
                          f"(best validation step {provenance['sft_best_step']})",
           "phase": "sft", "sft_step": summary["sft_steps"], "rl_step": 0}

@@ -33,12 +33,16 @@ _BASE_TOOLS = ("ls", "view", "replace", "test", "submit")
 
 
 def _tier(num_functions: int, num_bugs: int, num_distractors: int,
-          cases_per_function: int, allowlist: tuple[str, ...]) -> ml_collections.ConfigDict:
+          cases_per_function: int, allowlist: tuple[str, ...],
+          hidden_cases_per_function: int = 4) -> ml_collections.ConfigDict:
   t = ml_collections.ConfigDict()
   t.num_functions = num_functions  # Tested functions in the module.
   t.num_bugs = num_bugs  # Each in a different tested function.
   t.num_distractors = num_distractors  # Untested, correct functions: more code to read.
-  t.cases_per_function = cases_per_function  # Test cases (subtests) per tested function.
+  t.cases_per_function = cases_per_function  # Visible test cases (subtests) per function.
+  # Hidden cases per tested function: what submit and the reward grade (fewer where the
+  # function's case pool, less its visible arguments, is smaller).
+  t.hidden_cases_per_function = hidden_cases_per_function
   t.allowlist = allowlist  # Tools a task of this tier may call.
   return t
 
@@ -89,8 +93,12 @@ def default_env_config() -> ml_collections.ConfigDict:
   c.sandbox.shm_mb = 8  # ... and of /dev/shm; both are taken off RLIMIT_AS.
   c.sandbox.disk_quota_mb = 16  # Per episode: bytes the workspace may hold in total ...
   c.sandbox.max_files = 2048  # ... and files plus directories (a tmpfs per workspace; root).
-  c.sandbox.max_reply_bytes = 1_048_576  # A graded run's reply; a larger one fails the run.
-  c.sandbox.max_value_chars = 4096  # One returned value's encoded size; larger never matches.
+  # A graded run's reply may take what an honest reply to its n calls takes,
+  # sandbox_server.reply_limit: 512 + 12 * (300 + 3 * 80) + n * (max(max_value_chars,
+  # 12 * 3 * 80) + 64) bytes = 6,992 + 4,160 n at the defaults (the hard tier's 24 hidden
+  # cases: 106,832), and never more than this; a larger reply fails the run unread.
+  c.sandbox.max_reply_bytes = 262_144
+  c.sandbox.max_value_chars = 4096  # One returned value's JSON size; larger never matches.
   c.sandbox.file_size_mb = 8  # RLIMIT_FSIZE.
   c.sandbox.max_processes = 32  # RLIMIT_NPROC (enforced through a per-sandbox uid).
   c.sandbox.max_open_files = 64  # RLIMIT_NOFILE.
@@ -140,13 +148,15 @@ def validate_env_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDi
   if "tiers" not in c or not c.tiers:
     _fail("tiers", c.get("tiers"), "at least one tier")
   for name, t in c.tiers.items():
-    for f in ("num_functions", "num_bugs", "num_distractors", "cases_per_function", "allowlist"):
+    for f in ("num_functions", "num_bugs", "num_distractors", "cases_per_function",
+              "hidden_cases_per_function", "allowlist"):
       if f not in t:
         _fail(f"tiers.{name}", sorted(t.keys()), f"a field {f!r}")
     _check_int(c, f"tiers.{name}.num_functions", 1, 40)
     _check_int(c, f"tiers.{name}.num_bugs", 1, t.num_functions)
     _check_int(c, f"tiers.{name}.num_distractors", 0, 40)
     _check_int(c, f"tiers.{name}.cases_per_function", 1, 20)
+    _check_int(c, f"tiers.{name}.hidden_cases_per_function", 1, 20)
     allow = tuple(t.allowlist)
     unknown = [x for x in allow if x not in ALL_TOOLS]
     if unknown:

@@ -7,8 +7,8 @@ returns the first observation, `step(action_text)` returns a `StepResult`
 
 `info` always holds: 'tool' (str | None), 'decision' ('allowed' | 'denied' |
 'timeout' | 'error'), 'reason' (why, when not plainly allowed), 'process_signal'
-(change in the fraction of tests passing this turn), 'tests_passed',
-'tests_total', 'turn', 'exit_code' (of sandboxed code, else None),
+(change in the fraction of graded tests passing this turn), 'tests_passed' and
+'tests_total' (of the graded tests: the SWE env's hidden cases), 'turn', 'exit_code' (of sandboxed code, else None),
 'duration_s', 'observation_truncated', 'trajectory_id', 'audit_seq',
 'isolation', and, once done, 'end_reason' ('submit' | 'turn_budget' |
 'time_budget').

@@ -85,7 +85,8 @@ def _write_all(fd, data):
 
 def encode_plain(value, max_chars):
   """A JSON-able tagged form of `value`, or None if it is not plain data (exact types
-  int, bool, float, str, bytes, None, list, tuple, dict) or its form exceeds max_chars."""
+  int, bool, float, str, bytes, None, list, tuple, dict) or its JSON text (ASCII, as
+  the reply is written) exceeds max_chars."""
   budget = [max_chars]
 
   def enc(v, depth):
@@ -117,46 +118,89 @@ def encode_plain(value, max_chars):
 
   try:
     out = enc(value, 0)
+    # The budget is a cheap lower bound; the text's real size (escapes included) decides.
+    return out if len(json.dumps(out)) <= max_chars else None
   except (OverflowError, TypeError, ValueError, RecursionError):
     return None
-  return out if budget[0] >= 0 else None
 
 
 class MalformedReply(ValueError):
   """Tagged data (or a reply) that is not what encode_plain / a graded run writes."""
 
 
-def decode_plain(tagged, depth: int = 0):
-  """The value of encode_plain's tagged form; MalformedReply on anything else."""
-  if depth > _MAX_DEPTH or not isinstance(tagged, list) or not tagged:
-    raise MalformedReply("not a tagged value")
-  tag, rest = tagged[0], tagged[1:]
-  try:
-    if tag == "N" and not rest:
+# Caps the decoder checks as it goes, so a hostile reply costs time linear in its size.
+MAX_DICT_ITEMS = 256  # Entries of one dict.
+_MAX_INT_DIGITS = 4300  # CPython's own int-from-str limit.
+
+
+def decode_plain(tagged, max_chars: int = 1 << 62, dict_from_items=dict):
+  """The value of encode_plain's tagged form; MalformedReply on anything else.
+
+  At most _MAX_DEPTH levels deep, MAX_DICT_ITEMS entries a dict, and `max_chars` in all,
+  charged as encode_plain charges: an honest value within max_chars always decodes.
+  `dict_from_items` builds each dict from its decoded (key, value) pairs; the host
+  passes one that never hashes an untrusted key (see grading.PlainDict)."""
+  budget = [max_chars]
+
+  def dec(node, depth):
+    budget[0] -= 4
+    if budget[0] < 0:
+      raise MalformedReply(f"value larger than {max_chars} chars")
+    if depth > _MAX_DEPTH:
+      raise MalformedReply(f"value nested deeper than {_MAX_DEPTH}")
+    if type(node) is not list or not node:
+      raise MalformedReply("not a tagged value")
+    tag, rest = node[0], node[1:]
+    if len(rest) > 1 or (tag != "N" and len(rest) != 1) or (tag == "N" and rest):
+      raise MalformedReply(f"bad tagged value {short_repr(node, 40)}")
+    arg = rest[0] if rest else None
+    if tag == "N":
       return None
-    if tag == "B" and len(rest) == 1 and type(rest[0]) is bool:
-      return rest[0]
-    if tag == "I" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= 4300:
-      return int(rest[0])
-    if tag == "F" and len(rest) == 1 and type(rest[0]) is str and len(rest[0]) <= 64:
-      return float(rest[0])
-    if tag == "S" and len(rest) == 1 and type(rest[0]) is str:
-      return rest[0]
-    if tag == "Y" and len(rest) == 1 and type(rest[0]) is str:
-      return bytes.fromhex(rest[0])
-    if tag in ("L", "T") and len(rest) == 1 and type(rest[0]) is list:
-      items = [decode_plain(x, depth + 1) for x in rest[0]]
+    if tag == "B" and type(arg) is bool:
+      return arg
+    if tag in ("I", "F", "S", "Y") and type(arg) is str:
+      budget[0] -= len(arg)
+      if budget[0] < 0:
+        raise MalformedReply(f"value larger than {max_chars} chars")
+      try:
+        if tag == "I" and len(arg) <= _MAX_INT_DIGITS:
+          return int(arg)
+        if tag == "F" and len(arg) <= 64:
+          return float(arg)
+        if tag == "S":
+          return arg
+        if tag == "Y":
+          return bytes.fromhex(arg)
+      except ValueError as e:  # int("x"), bytes.fromhex("zz").
+        raise MalformedReply(str(e)[:80]) from None
+    if tag in ("L", "T") and type(arg) is list:
+      items = [dec(x, depth + 1) for x in arg]
       return items if tag == "L" else tuple(items)
-    if tag == "D" and len(rest) == 1 and type(rest[0]) is list:
-      out = {}
-      for pair in rest[0]:
-        if not isinstance(pair, list) or len(pair) != 2:
+    if tag == "D" and type(arg) is list:
+      if len(arg) > MAX_DICT_ITEMS:
+        raise MalformedReply(f"dict of {len(arg)} entries, over {MAX_DICT_ITEMS}")
+      pairs = []
+      for pair in arg:
+        if type(pair) is not list or len(pair) != 2:
           raise MalformedReply("bad dict item")
-        out[decode_plain(pair[0], depth + 1)] = decode_plain(pair[1], depth + 1)
-      return out
-  except (ValueError, TypeError) as e:  # int("x"), bytes.fromhex("zz"), unhashable keys.
-    raise MalformedReply(str(e)) from None
-  raise MalformedReply(f"unknown tag {tag!r}")
+        pairs.append((dec(pair[0], depth + 1), dec(pair[1], depth + 1)))
+      try:
+        return dict_from_items(pairs)
+      except TypeError as e:  # An unhashable key.
+        raise MalformedReply(str(e)[:80]) from None
+    raise MalformedReply(f"unknown or ill-typed tag {short_repr(tag, 20)}")
+
+  return dec(tagged, 0)
+
+
+def reply_limit(num_calls: int, max_value_chars: int, max_repr: int, max_output: int) -> int:
+  """The most bytes an honest reply to a graded run of `num_calls` calls takes.
+
+  Each outcome is a value of at most max_value_chars (encode_plain's bound), or a repr or
+  an error of at most 3 * max_repr chars (describe_error's bound), each char escaped to at
+  most 12 bytes; plus the captured output and the import error."""
+  per_call = max(max_value_chars, 12 * 3 * max_repr) + 64
+  return 512 + 12 * (max_output + 3 * max_repr) + num_calls * per_call
 
 
 # ---- reports of errors ----
@@ -179,13 +223,18 @@ def _where(tb, workdir):
 
 
 def describe_error(exc, workdir, limit):
+  """("Type: message", "file:line"), each at most 2 * limit and limit chars (reply_limit)."""
   if isinstance(exc, SyntaxError):
-    return f"SyntaxError: {exc.msg}", f"{os.path.basename(exc.filename or '?')}:{exc.lineno}"
-  try:
-    msg = str(exc)
-  except BaseException:
-    msg = ""
-  return f"{type(exc).__name__}: {msg[:limit]}".rstrip(": "), _where(exc.__traceback__, workdir)
+    text = f"SyntaxError: {str(exc.msg)[:limit]}"
+    where = f"{os.path.basename(str(exc.filename or '?'))}:{exc.lineno}"
+  else:
+    try:
+      msg = str(exc)
+    except BaseException:
+      msg = ""
+    text = f"{type(exc).__name__[:limit]}: {msg[:limit]}".rstrip(": ")
+    where = _where(exc.__traceback__, workdir)
+  return text[:2 * limit], where[-limit:]
 
 
 # ---- the request bodies (run in C, the agent's process) ----

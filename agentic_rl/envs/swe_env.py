@@ -7,15 +7,18 @@ raises out of `step`: malformed calls, unknown or denied tools, bad arguments,
 paths outside the workspace, crashing or hostile code all become an error
 observation and an audited decision.
 
-Reward (`config.reward`, `episode_reward`): by default the fraction of the initially
-failing tests that the submitted code repairs, net of tests it breaks, floored at 0;
-tests the untouched repository already passed earn nothing, so submitting without an
-edit earns 0 (`budget_end_reward` decides what an episode ended by a budget gets). Process signal: after every turn
-that changes or measures the code (replace, test, submit), the env knows the
-fraction of tests passing; info['process_signal'] is its change this turn, so
-over an episode the signals sum to final minus initial fraction. With
-`process_signal_on_edit` a replace triggers a hidden test run, so the credit
-lands on the edit that earned it.
+Reward (`config.reward`, `episode_reward`) is graded on the task's hidden cases,
+which the agent never sees; `test` runs and shows the visible ones, which the test
+file documents (agentic_rl/envs/swe_tasks.py). By default it is the fraction of the
+initially failing hidden tests that the submitted code repairs, net of tests it
+breaks, floored at 0; tests the untouched repository already passed earn nothing, so
+submitting without an edit earns 0 (`budget_end_reward` decides what an episode ended
+by a budget gets: zero, or a fresh run of the module then). Process signal: after
+every turn that changes or measures the code (replace, test, submit), the env knows
+the fraction of hidden tests passing (a `test` reruns them only when the module's
+bytes changed); info['process_signal'] is its change this turn, so over an episode
+the signals sum to final minus initial fraction. With `process_signal_on_edit` a
+replace triggers a hidden test run, so the credit lands on the edit that earned it.
 
 Grading (agentic_rl/envs/grading.py) happens here, in the host: the cases and
 their expected values never enter the sandbox. A graded run imports a staged
@@ -54,6 +57,7 @@ _QUOTA_SLACK_BYTES = 65536  # Less free than this in the workspace: say the quot
 _NOT_RUN = RunResult(exit_code=None, stdout="", stderr="", stdout_bytes=0, stderr_bytes=0,
                      timed_out=False, output_limited=False, duration_s=0.0,
                      crashed="the module was not graded")
+_NOT_MEASURED = dataclasses.replace(_NOT_RUN, crashed="")  # A reused hidden count.
 _USAGE = {
     "ls": "ls", "view": "view PATH [START [END]]",
     "replace": "replace PATH START END + new lines", "test": "test",
@@ -134,8 +138,11 @@ class SweEnv:
     self.turn = 0
     self.done = False
     self._t0 = time.monotonic()
-    self.tests_total = task.num_tests
-    self.tests_passed = task.initial_passed
+    # The graded counts are the hidden cases': what reward and process signal measure.
+    self.tests_total = task.num_hidden
+    self.tests_passed = task.hidden_initial_passed
+    module = task.files[task.module_path].encode("utf-8")
+    self._hidden_key = (hashlib.sha256(module).hexdigest(), "")
     tools = " | ".join(_USAGE[t] for t in _USAGE if t in task.allowlist)
     obs = (f"Repository with failing tests. Fix the code so that all tests pass, then submit.\n"
            f"Tools: {tools}\nOne call per turn: <tool_call>NAME ARGS</tool_call>")
@@ -182,11 +189,9 @@ class SweEnv:
     observation = out.observation
     if end_reason in ("time_budget", "turn_budget"):
       if c.budget_end_reward == "measured":
-        if not c.process_signal_on_edit:
-          try:
-            self.tests_passed = self._measure_tests()[0]
-          except Exception:  # Never raised into the rollout; the episode ends unmeasured.
-            log.exception("the budget-end test run failed on the host")
+        # A fresh run of the module as it is now: a count from an earlier turn may be
+        # stale (a `python` edit, a run that reported nothing), and a failed run pays 0.
+        self.tests_passed = self._measure_hidden(reuse=False)[0]
         reward = self._reward()
       budget = "time" if end_reason == "time_budget" else "turn"
       suffix = f"\n[episode over: {budget} budget reached; reward {reward:.2f}]"
@@ -215,8 +220,8 @@ class SweEnv:
     return StepResult(observation, float(reward), self.done, info)
 
   def _reward(self) -> float:
-    return episode_reward(self.config.reward, self.tests_passed, self._task.initial_passed,
-                          self.tests_total)
+    return episode_reward(self.config.reward, self.tests_passed,
+                          self._task.hidden_initial_passed, self.tests_total)
 
   def close(self) -> None:
     """Ends the episode and removes its workspace; never raises on what the agent did."""
@@ -335,55 +340,80 @@ class SweEnv:
            + (f"\n{shown}" if shown else ""))
     out = _Outcome(obs, output_bytes=len(obs))
     if self.config.process_signal_on_edit:
-      out.tests_passed, _, r = self._measure_tests()
+      out.tests_passed, unread, r = self._measure_hidden(reuse=True)
       decision, why = self._run_decision(r)
-      if decision != "allowed":  # The edit stands; the audit notes how its hidden run ended.
-        out.reason = f"hidden test run: {why}"
+      if decision != "allowed" or unread:  # The edit stands; the audit notes how its
+        out.reason = f"hidden test run: {why or unread}"  # hidden run ended.
     return out
 
-  def _measure_tests(self) -> tuple[int, str, object]:
-    """(passed, observation text, RunResult) from one graded run of the current module.
-
-    The cases stay here; the sandbox gets their inputs and returns outputs as data."""
-    task, sb = self._task, self._sandbox
-    try:  # The file the agent views documents the cases; grading does not read it.
-      sb.workspace.restore_file(task.test_path, task.test_text)
-    except (OSError, PathRefused, FileToolError) as e:
-      log.warning("could not restore %s: %s", task.test_path, e)
-    total = task.num_tests
+  def _module_source(self) -> tuple[bytes | None, str]:
+    """(the module's bytes, or None when there is no module to import; why it cannot be
+    graded at all, or "")."""
+    task, ws = self._task, self._sandbox.workspace
     try:
-      source = sb.workspace.read_bytes(task.module_path, self.config.max_file_bytes)
+      return ws.read_bytes(task.module_path, self.config.max_file_bytes), ""
     except FileToolError as e:
       if "limit" in str(e):  # Too large to grade: say so, rather than "no module".
-        return 0, f"the tests were not run: {e}\n0/{total} passed", _NOT_RUN
-      source = None  # Missing, a directory, not a regular file: graded as no module.
+        return None, f"the tests were not run: {e}"
+      return None, ""  # Missing, a directory, not a regular file: graded as no module.
     except PathRefused:
-      source = None  # A symlink out of the workspace: the module is not there.
-    stage = sb.graded_stage_dir()  # Starts the server: per_call_namespaces is known after.
-    nested = sb.per_call_namespaces
-    if not nested:
-      grading.stage_module(sb.stage_dir(), task.module_path, source)
-    r = sb.request(grading.build_request(task, source, self.config.sandbox, stage,
-                                         send_source=nested))
-    report, why = None, ""
+      return None, ""  # A symlink out of the workspace: the module is not there.
+
+  def _grade(self, cases, source: bytes | None, not_run: str) -> tuple[int, object, str, object]:
+    """(passed, GradeReport or None, why there is no report, RunResult) of one graded run
+    of `cases` on `source`. Never raises: whatever goes wrong, on either side, is a run
+    that passed nothing and says why. The cases stay here; the sandbox gets their inputs
+    and returns outputs as data."""
+    if not_run:
+      return 0, None, not_run, _NOT_RUN
+    try:
+      sb = self._sandbox
+      try:  # The file the agent views documents the cases; grading does not read it.
+        sb.workspace.restore_file(self._task.test_path, self._task.test_text)
+      except (OSError, PathRefused, FileToolError) as e:
+        log.warning("could not restore %s: %s", self._task.test_path, e)
+      stage = sb.graded_stage_dir()  # Starts the server: per_call_namespaces is known after.
+      nested = sb.per_call_namespaces
+      if not nested:
+        grading.stage_module(sb.stage_dir(), self._task.module_path, source)
+      r = sb.request(grading.build_request(self._task, cases, source, self.config.sandbox,
+                                           stage, send_source=nested))
+    except Exception as e:  # A host-side failure: this run measured nothing.
+      log.exception("a graded run failed on the host")
+      return 0, None, f"the test run failed on the host: {type(e).__name__}", _NOT_RUN
     if r.reply is not None:
       try:
-        report = grading.parse_reply(task, r.reply)
+        report = grading.parse_reply(self._task, cases, r.reply,
+                                     self.config.sandbox.max_value_chars)
+        return min(len(cases), report.passed), report, "", r
       except grading.MalformedReply as e:
-        why = f"its reply was unreadable: {e}"
-    elif r.reply_oversized:
-      why = f"its reply was over {self.config.sandbox.max_reply_bytes} bytes"
+        return 0, None, f"its reply was unreadable: {e}", r
+      except Exception as e:  # The decoder's contract is total; this is its last guard.
+        log.exception("decoding a graded run's reply failed")
+        return 0, None, f"its reply was unreadable: {type(e).__name__}", r
+    if r.reply_oversized:
+      return 0, None, "its reply was over the size of an honest one", r
+    if r.timed_out:
+      return 0, None, f"TIMEOUT: the tests did not finish in {self.config.sandbox.timeout_s:g}s", r
+    return 0, None, ("killed: output limit exceeded" if r.output_limited
+                     else f"killed: {self._oom_text()}" if r.oom_killed
+                     else r.crashed or f"exit code {r.exit_code}"), r
+
+  def _measure_tests(self) -> tuple[int, str, object]:
+    """(passed, observation text, RunResult) of a run of the visible cases: what `test`
+    shows, rendered as the old unittest runner printed it."""
+    task = self._task
+    total = len(task.cases)
+    source, not_run = self._module_source()
+    passed, report, why, r = self._grade(task.cases, source, not_run)
     if report is None:
-      if r.timed_out:
-        return 0, f"TIMEOUT: the tests did not finish in {self.config.sandbox.timeout_s:g}s " \
-                  f"(killed)\n0/{total} passed", r
-      why = why or ("killed: output limit exceeded" if r.output_limited
-                    else f"killed: {self._oom_text()}" if r.oom_killed
-                    else r.crashed or f"exit code {r.exit_code}")
+      if r is _NOT_RUN and not_run:
+        return 0, f"{why}\n0/{total} passed", r
+      if why.startswith("TIMEOUT"):
+        return 0, f"{why} (killed)\n0/{total} passed", r
       tail = (r.stderr or r.stdout).strip()[-300:]
       return 0, (f"the test run ended before reporting ({why})" + (f"\n{tail}" if tail else "")
                  + f"\n0/{total} passed"), r
-    passed = min(total, report.passed)
     rows = []
     if report.import_error:
       rows.append(f"ERROR importing {task.test_path}: {report.import_error}")
@@ -401,6 +431,20 @@ class SweEnv:
     rows.append(f"all {total} tests passed" if passed == total else f"{passed}/{total} passed")
     return passed, "\n".join(rows), r
 
+  def _measure_hidden(self, reuse: bool) -> tuple[int, str, object]:
+    """(passed, why the run reported nothing or "", RunResult) of a run of the hidden
+    cases, which the reward grades. With `reuse`, a module byte-identical to the one last
+    measured keeps that count (nothing is run)."""
+    source, not_run = self._module_source()
+    key = (hashlib.sha256(source).hexdigest() if source is not None else None, not_run)
+    if reuse and key == self._hidden_key:
+      return self.tests_passed, "", _NOT_MEASURED
+    passed, report, why, r = self._grade(self._task.hidden_cases, source, not_run)
+    self._hidden_key = key
+    if report is not None and report.import_error:
+      why = f"ERROR importing the module: {report.import_error}"
+    return passed, why, r
+
   @staticmethod
   def _run_decision(r) -> tuple[str, str]:
     if r.timed_out:
@@ -412,10 +456,11 @@ class SweEnv:
     return "allowed", ""
 
   def _test(self) -> _Outcome:
-    passed, text, r = self._measure_tests()
+    _, text, r = self._measure_tests()
     decision, reason = self._run_decision(r)
+    hidden, _, _ = self._measure_hidden(reuse=True)  # Runs only if the module changed.
     return _Outcome(text, decision=decision, reason=reason, exit_code=r.exit_code,
-                    output_bytes=r.stdout_bytes + r.stderr_bytes, tests_passed=passed)
+                    output_bytes=r.stdout_bytes + r.stderr_bytes, tests_passed=hidden)
 
   def _python(self, code: str) -> _Outcome:
     r = self._sandbox.request({"kind": "python", "code": code})
@@ -436,12 +481,13 @@ class SweEnv:
                     exit_code=r.exit_code, output_bytes=r.stdout_bytes + r.stderr_bytes)
 
   def _submit(self) -> _Outcome:
-    passed, text, r = self._measure_tests()
-    total = self._task.num_tests
-    reward = episode_reward(self.config.reward, passed, self._task.initial_passed, total)
-    obs = f"submitted: {passed}/{total} tests pass (reward {reward:.2f})"
-    if passed < total:
-      obs += "\n" + text
+    passed, why, r = self._measure_hidden(reuse=False)
+    total = self._task.num_hidden
+    reward = episode_reward(self.config.reward, passed, self._task.hidden_initial_passed, total)
+    # The hidden cases stay hidden: no row of theirs is shown, only how the run went.
+    obs = f"submitted: {passed}/{total} hidden tests pass (reward {reward:.2f})"
+    if why:
+      obs += f"\nthe hidden test run ended before reporting ({why})"
     decision, reason = self._run_decision(r)
     return _Outcome(obs, decision=decision, reason=reason, exit_code=r.exit_code,
                     output_bytes=r.stdout_bytes + r.stderr_bytes, tests_passed=passed,

@@ -10,6 +10,15 @@ Every bug changes exactly one line and makes at least one test case fail (the
 generator checks this by running both versions on the cases); expected values
 come from the correct version. Nothing in the first observation reveals the
 bug: it must be found with view and test.
+
+Two case sets per tested function, from the same case pool: the visible cases, which
+the test file documents and `test` runs, and the hidden cases, which `submit`, the
+reward and the process signal grade on and the agent never sees. They share no
+arguments, so a module that answers the visible cases from a table, bug left in,
+scores on the hidden ones exactly as the unfixed module does; and every bug fails at
+least one case of each set. The hidden cases come from their own random stream, so
+the visible task is the same as before they existed, except for the few seeds whose
+first-tried bug showed only on the visible cases.
 """
 
 from __future__ import annotations
@@ -57,12 +66,20 @@ class SweTask:
   functions: tuple[str, ...]  # Tested functions, in test-file order.
   distractors: tuple[str, ...]  # Untested functions.
   bugs: tuple[Bug, ...]
-  # The cases and their expected values, in test-file order: the grader's, in the host.
+  # The visible cases and their expected values, in test-file order (what `test` runs).
   cases: tuple[Case, ...] = ()
+  # The hidden cases, in test-file function order: what submit and the reward grade.
+  # Held in the host only; no argument tuple of a function repeats one of its visible ones.
+  hidden_cases: tuple[Case, ...] = ()
+  hidden_initial_passed: int = 0  # Hidden cases the buggy module passes.
 
   @property
   def test_text(self) -> str:
     return self.files[self.test_path]
+
+  @property
+  def num_hidden(self) -> int:
+    return len(self.hidden_cases)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,12 +369,15 @@ def _generate_task(seed, tier, split, config) -> SweTask:
     pools[f.name] = pool
 
   buggy_names = [f.name for f in rng.sample(tested, t.num_bugs)]
-  bug_sources, bugs_by_fn, cases = {}, {}, {}
+  bug_sources, bugs_by_fn, cases, hidden_pools = {}, {}, {}, {}
   families = list(config.bug_families)
   for f in tested:
     pool = pools[f.name]
     if f.name not in buggy_names:
-      cases[f.name] = rng.sample(pool, min(t.cases_per_function, len(pool)))
+      cs = rng.sample(pool, min(t.cases_per_function, len(pool)))
+      cases[f.name] = cs
+      seen = {repr(args) for args, _ in cs}
+      hidden_pools[f.name] = [c for c in pool if repr(c[0]) not in seen]
       continue
     fam_order = families[:]
     rng.shuffle(fam_order)
@@ -372,19 +392,24 @@ def _generate_task(seed, tier, split, config) -> SweTask:
         except SyntaxError:
           continue
         catching = [c for c in pool if not _passes_case(buggy, c[0], c[1])]
-        if catching:
-          chosen = (fam, line, old, new, buggy_src, catching)
-          break
+        if not catching:
+          continue
+        first = rng.choice(catching)
+        rest = [c for c in pool if c is not first]
+        cs = [first] + rng.sample(rest, min(t.cases_per_function - 1, len(rest)))
+        rng.shuffle(cs)
+        settled = _settled_cases(buggy_src, f.name, cs, pool)
+        if not any(c in catching for c in settled):  # No hidden case could catch this bug.
+          continue
+        chosen = (fam, line, old, new, buggy_src, cs, settled)
+        break
       if chosen:
         break
     if chosen is None:
       raise RuntimeError(f"no detectable bug for {f.name} (seed {seed}, tier {tier})")
-    fam, line, old, new, buggy_src, catching = chosen
-    first = rng.choice(catching)
-    rest = [c for c in pool if c is not first]
-    cs = [first] + rng.sample(rest, min(t.cases_per_function - 1, len(rest)))
-    rng.shuffle(cs)
+    fam, line, old, new, buggy_src, cs, settled = chosen
     cases[f.name] = cs
+    hidden_pools[f.name] = settled
     bug_sources[f.name] = buggy_src
     bugs_by_fn[f.name] = (fam, line, old, new)
 
@@ -404,11 +429,14 @@ def _generate_task(seed, tier, split, config) -> SweTask:
                f"\n\n\nclass Test{module.title().replace('_', '')}(unittest.TestCase):\n"
                + "\n".join(_render_test_method(f, cases[f.name]) for f in tested_in_order))
 
+  hidden = _hidden_cases(tested, hidden_pools, bug_sources, t.hidden_cases_per_function,
+                         random.Random(f"swe-hidden:{tier}:{seed}"), seed, tier)
   num_tests = sum(len(cases[f.name]) for f in tested)
-  passed = 0
+  passed = hidden_passed = 0
   for f in tested:
     impl = _compile(bug_sources.get(f.name, f.source), f.name)
     passed += sum(_passes_case(impl, args, want) for args, want in cases[f.name])
+    hidden_passed += sum(_passes_case(impl, args, want) for args, want in hidden[f.name])
   mod_path, test_path = f"{module}.py", f"test_{module}.py"
   return SweTask(
       seed=seed, tier=tier, split=split, module_path=mod_path, test_path=test_path,
@@ -418,4 +446,47 @@ def _generate_task(seed, tier, split, config) -> SweTask:
       distractors=tuple(fns[k].name for k in order if fns[k] in distractors),
       bugs=tuple(sorted(bugs, key=lambda b: b.line)),
       cases=tuple(Case(f.name, tuple(args), want) for f in tested_in_order
-                  for args, want in cases[f.name]))
+                  for args, want in cases[f.name]),
+      hidden_cases=tuple(Case(f.name, tuple(args), want) for f in tested_in_order
+                         for args, want in hidden[f.name]),
+      hidden_initial_passed=hidden_passed)
+
+
+def _settled_cases(buggy_src: str, name: str, visible, pool) -> list:
+  """The cases of `pool` outside `visible` on which every one-line repair (the expert's
+  search space, mutations.mutated_sources) that passes the visible cases also passes:
+  what the visible tests specify. A repair made from the visible tests alone passes these;
+  the true repair is among the candidates, so each has its expected value."""
+  lines = buggy_src.split("\n")
+  seen = {repr(args) for args, _ in visible}  # repr: 1 and True are other arguments.
+  settled = [c for c in pool if repr(c[0]) not in seen]
+  for _, idx, _, new in mutations.mutated_sources(mutations.canonical(buggy_src), expert=True):
+    try:
+      fn = _compile("\n".join(new if i == idx else s for i, s in enumerate(lines)), name)
+    except SyntaxError:
+      continue
+    if all(_passes_case(fn, args, want) for args, want in visible):
+      settled = [c for c in settled if _passes_case(fn, c[0], c[1])]
+  return settled
+
+
+def _hidden_cases(tested, hidden_pools, bug_sources, per_function, rng, seed, tier):
+  """{function: hidden (args, want) cases}, drawn from its hidden pool (outside its visible
+  arguments; for a buggy function, the cases the visible tests settle); a buggy
+  function's include at least one case its bug fails."""
+  hidden = {}
+  for f in tested:
+    free = hidden_pools[f.name]
+    if not free:
+      raise RuntimeError(f"no hidden cases for {f.name} (seed {seed}, tier {tier})")
+    if f.name in bug_sources:
+      buggy = _compile(bug_sources[f.name], f.name)
+      catching = [c for c in free if not _passes_case(buggy, c[0], c[1])]
+      first = rng.choice(catching)  # Non-empty: the bug was chosen so.
+      rest = [c for c in free if c is not first]
+      cs = [first] + rng.sample(rest, min(per_function - 1, len(rest)))
+      rng.shuffle(cs)
+    else:
+      cs = rng.sample(free, min(per_function, len(free)))
+    hidden[f.name] = cs
+  return hidden

@@ -120,3 +120,15 @@ def paired_gain(before_bk, after_bk) -> dict:
   stderr = _stderr_of_mean(diff_b)
   return {"gain": gain, "stderr": stderr, "ci95_low": gain - Z95 * stderr,
           "ci95_high": gain + Z95 * stderr, "num_tasks": int(diff_b.size)}
+
+
+def base_json_scores(scored: dict) -> dict:
+  """A shipped base's base.json score fields from Trainer.score_params' result
+  (launch/export_base writes them, launch/rescore_base rewrites them)."""
+  samples = scored["heldout/samples_per_task"]
+  return {"heldout_solve_rate_sft": scored["pass_at_k"]["1"],
+          "heldout_stderr_sft": scored["solve_stderr"],
+          "heldout_pass_at_k_sft": scored["pass_at_k"][str(samples)],
+          "heldout_pass_at_k_curve": scored["pass_at_k"],
+          "heldout_episodes": scored["episodes"], "heldout_samples_per_task": samples,
+          "heldout_mean_reward_sft": scored["mean_reward"]}

@@ -93,4 +93,4 @@ def test_nothing_outlives_its_call(isolation, attack, via, namespaces):
     if via == "test":
       assert "late.txt" not in returned  # Graded calls see a read-only copy of the module.
     r = env.step(F("test"))  # The sandbox still serves calls.
-    assert r.info["tests_passed"] in (0, TASK.initial_passed), r.observation
+    assert r.info["tests_passed"] in (0, TASK.hidden_initial_passed), r.observation

@@ -33,11 +33,12 @@ def test_protocol_shape_and_a_solved_episode(tmp_path):
     assert task.module_path in obs and task.test_path in obs
     assert INFO_KEYS <= set(info) and "end_reason" not in info and not done and reward == 0.0
     r = env.step(fix_action(task, task.bugs[0]))
-    assert r.info["process_signal"] == pytest.approx((task.num_tests - task.initial_passed)
-                                                     / task.num_tests)
+    # Reward and process signal grade the hidden cases.
+    assert r.info["process_signal"] == pytest.approx(
+        (task.num_hidden - task.hidden_initial_passed) / task.num_hidden)
     r = env.step(F("submit"))
     assert r.done and r.reward == 1.0 and r.info["end_reason"] == "submit"
-    assert f"{task.num_tests}/{task.num_tests} tests pass" in r.observation
+    assert f"{task.num_hidden}/{task.num_hidden} hidden tests pass" in r.observation
     with pytest.raises(RuntimeError, match="after the episode ended"):
       env.step(F("ls"))
   audit.close()
@@ -102,7 +103,7 @@ def test_time_budget_ends_the_episode_without_running_the_action():
     r = env.step(fix_action(task, task.bugs[0]))
     assert r.done and r.info["end_reason"] == "time_budget" and r.reward == 0.0
     assert "time budget" in r.observation and r.info["decision"] == "denied"
-    assert r.info["tests_passed"] == task.initial_passed  # The fix was not applied.
+    assert r.info["tests_passed"] == task.hidden_initial_passed  # The fix was not applied.
   assert len(audit.entries) == 2 and audit.entries[1]["reason"] == "time budget exhausted"
 
 
@@ -110,7 +111,7 @@ def test_time_budget_ends_the_episode_without_running_the_action():
 def test_process_signal_sums_to_the_change_in_pass_fraction(on_edit):
   task = generate_task(5, "easy")
   bug = task.bugs[0]
-  total = task.num_tests
+  total, initial = task.num_hidden, task.hidden_initial_passed
   with SweEnv(env_config(process_signal_on_edit=on_edit)) as env:
     env.reset(task)
     script = [
@@ -128,34 +129,39 @@ def test_process_signal_sums_to_the_change_in_pass_fraction(on_edit):
       signals.append(r.info["process_signal"])
       passed.append(r.info["tests_passed"])
   assert r.reward == 1.0
-  assert sum(signals) == pytest.approx(1.0 - task.initial_passed / total)
+  assert sum(signals) == pytest.approx(1.0 - initial / total)
   if on_edit:  # Credit lands on the edits themselves.
-    assert signals == pytest.approx([0.0, -task.initial_passed / total, 0.0, 1.0, 0.0, 0.0])
+    assert signals == pytest.approx([0.0, -initial / total, 0.0, 1.0, 0.0, 0.0])
   else:  # Only turns that run the tests see the change.
-    assert signals == pytest.approx([0.0, 0.0, -task.initial_passed / total, 0.0, 0.0, 1.0])
+    assert signals == pytest.approx([0.0, 0.0, -initial / total, 0.0, 0.0, 1.0])
   assert passed[2] == 0
 
 
 @pytest.mark.parametrize("tier", ["tiny", "easy", "medium"])
 def test_looking_testing_and_submitting_without_an_edit_earns_exactly_zero(tier):
   # The give-up optimum of partial credit: tests the untouched repo passes earn nothing.
-  task = next(t for t in (generate_task(s, tier) for s in range(40)) if t.initial_passed > 0)
+  task = next(t for t in (generate_task(s, tier) for s in range(40))
+              if t.hidden_initial_passed > 0)
   with SweEnv(env_config()) as env:
     env.reset(task)
     env.step(F("ls"))
-    env.step(F("test"))
+    r = env.step(F("test"))
+    assert "FAIL" in r.observation or "ERROR" in r.observation
     r = env.step(F("submit"))
-  assert r.done and r.reward == 0.0 and r.info["tests_passed"] == task.initial_passed
-  assert "FAIL" in r.observation or "ERROR" in r.observation
+  assert r.done and r.reward == 0.0 and r.info["tests_passed"] == task.hidden_initial_passed
+  # The submit observation counts the hidden cases and shows none of them.
+  assert (f"submitted: {task.hidden_initial_passed}/{task.num_hidden} hidden tests pass"
+          in r.observation)
+  assert "FAIL" not in r.observation and "want" not in r.observation
 
 
 def test_partial_credit_is_an_option_and_counts_passing_tests():
   task = generate_task(6, "medium")
-  assert task.initial_passed > 0
+  assert task.hidden_initial_passed > 0
   with SweEnv(env_config(reward="tests_fraction")) as env:
     env.reset(task)
     r = env.step(F("submit"))
-  assert r.done and r.reward == pytest.approx(task.initial_passed / task.num_tests)
+  assert r.done and r.reward == pytest.approx(task.hidden_initial_passed / task.num_hidden)
 
 
 def test_repairing_one_of_two_bugs_earns_its_share_of_the_failing_tests():
@@ -165,9 +171,9 @@ def test_repairing_one_of_two_bugs_earns_its_share_of_the_failing_tests():
     r = env.step(fix_action(task, task.bugs[0]))
     passed = r.info["tests_passed"]
     r = env.step(F("submit"))
-  failing = task.num_tests - task.initial_passed
-  assert 0 < passed - task.initial_passed < failing
-  assert r.reward == pytest.approx((passed - task.initial_passed) / failing)
+  failing = task.num_hidden - task.hidden_initial_passed
+  assert 0 < passed - task.hidden_initial_passed < failing
+  assert r.reward == pytest.approx((passed - task.hidden_initial_passed) / failing)
 
 
 @pytest.mark.parametrize("mode,passed,initial,total,want", [
@@ -210,8 +216,8 @@ def test_editing_or_shadowing_the_tests_does_not_pass_them(tmp_path):
     env.step(F("python", code="open('unittest.py', 'w').write('raise SystemExit(0)\\n')"))
     # ... but the env's test run restores the tests and ignores planted bytecode.
     r = env.step(F("test"))
-    assert r.info["tests_passed"] == task.initial_passed < task.num_tests, r.observation
-    assert f"{task.initial_passed}/{task.num_tests} passed" in r.observation
+    assert r.info["tests_passed"] == task.hidden_initial_passed < task.num_hidden
+    assert f"{task.initial_passed}/{task.num_tests} passed" in r.observation, r.observation
     with open(os.path.join(ws, task.test_path)) as f:
       assert f.read() == task.test_text
 
@@ -273,4 +279,4 @@ def test_reward_hacks_in_the_module_do_not_pass(tmp_path, hack):
     r = env.step(F("submit"))
   # Either way no test passes that did not already: no reward.
   assert r.reward == 0.0, r.observation
-  assert r.info["tests_passed"] == (task.initial_passed if hack == "noop_assert" else 0)
+  assert r.info["tests_passed"] == (task.hidden_initial_passed if hack == "noop_assert" else 0)

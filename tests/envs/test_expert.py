@@ -63,9 +63,12 @@ def test_expert_solves_every_generated_task_of_every_tier():
 
 
 # sha256 of the expert's transcripts (first observation, every action and observation,
-# reward) on 16 tasks, recorded on the code before grading moved out of the sandbox: the
-# observations, and so the SFT demonstrations rendered from them, must not change.
-_TRANSCRIPTS_SHA256 = "5bca8d067abb4e37510702a76c8bb3cfdc39e097e7c3f8ce563fdec7187a092d"
+# reward) on 16 tasks: the observations, and so the SFT demonstrations rendered from them,
+# must not change unnoticed. Recorded when submit began grading hidden cases; against the
+# hash before (5bca8d06...), only each submit observation ("submitted: 2/2 tests pass" to
+# "submitted: 4/4 hidden tests pass") and held-out hard task 1, whose first-tried bug
+# showed on no case a hidden one could be, changed.
+_TRANSCRIPTS_SHA256 = "d2c30117ce5e197bc43f4161c3ec874dd7399d2e7bdfb7e25f9d3baae6a5776d"
 
 
 def test_expert_transcripts_are_unchanged():

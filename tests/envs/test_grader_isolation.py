@@ -22,7 +22,7 @@ from tests.envs.conftest import env_config
 PASS_FRACTION = "tests_fraction"
 
 TASK = generate_task(12, "medium")  # python is on the medium allowlist; 8 of 12 pass unfixed.
-UNFIXED = TASK.initial_passed / TASK.num_tests
+UNFIXED = TASK.hidden_initial_passed / TASK.num_hidden  # submit grades the hidden cases.
 
 # Patch the old runner's comparison (a global of its __main__) and swallow assertion errors.
 PATCH_RUNNER = """\
@@ -222,7 +222,7 @@ def test_a_case_whose_value_is_huge_or_not_plain_fails_alone(isolation):
   exec(TASK.files[TASK.module_path], ns)
   others = sum(1 for c in TASK.cases if c.function not in (first, second)
                and _same(ns[c.function](*c.args), c.want))
-  assert r.info["tests_passed"] == others, r.observation
+  assert f"{others}/{TASK.num_tests} passed" in r.observation, r.observation
 
 
 def _same(a, b) -> bool:

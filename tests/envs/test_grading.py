@@ -100,7 +100,7 @@ def test_parse_reply_judges_each_outcome_by_hand():
                         {"status": "value", "value": ["T", [["I", "1"]]]},
                         {"status": "value", "repr": "<object at 0x1>"},
                         {"status": "error", "error": "ValueError: no", "where": ""}]}
-  report = parse_reply(task, json.dumps(reply))
+  report = parse_reply(task, task.cases, json.dumps(reply))
   got = [(r.call, r.status, r.got, r.want, r.error) for r in report.results]
   assert got == [("f(1, [2])", "pass", "", "", ""), ("f(2, [])", "fail", "(1,)", "[1]", ""),
                  ("g('a')", "fail", "<object at 0x1>", "True", ""),
@@ -112,15 +112,17 @@ def test_parse_reply_judges_each_outcome_by_hand():
 
 def test_parse_reply_import_error_and_malformed_replies():
   task = generate_task(0, "easy")
-  r = parse_reply(task, json.dumps({"import_error": "SyntaxError: bad", "import_where": "",
-                                    "outcomes": [], "output": ""}))
+  r = parse_reply(task, task.cases, json.dumps({"import_error": "SyntaxError: bad",
+                                                "import_where": "", "outcomes": [],
+                                                "output": ""}))
   assert r.passed == 0 and r.import_error == f"SyntaxError: bad ({task.test_path}:2)"
   for bad in ("nope", "[]", json.dumps({"import_error": None, "outcomes": [1]}),
               json.dumps({"import_error": None, "outcomes": "x"})):
     with pytest.raises(MalformedReply):
-      parse_reply(task, bad)
+      parse_reply(task, task.cases, bad)
   # One unreadable outcome fails its own case only.
   n = len(task.cases)
   outs = [{"status": "value", "value": ["Q"]}] + [{"status": "error", "error": "E"}] * (n - 1)
-  r = parse_reply(task, json.dumps({"import_error": None, "outcomes": outs, "output": ""}))
+  r = parse_reply(task, task.cases,
+                  json.dumps({"import_error": None, "outcomes": outs, "output": ""}))
   assert r.results[0].status == "error" and "unreadable" in r.results[0].error

@@ -53,11 +53,14 @@ def _same(a, b) -> bool:
   return a == b
 
 
+GRADED = TASK.hidden_cases  # The cases submit grades.
+
+
 def oracle_share(module_text: str, tmp_dir) -> float:
   (tmp_dir / TASK.module_path).write_text(module_text)
   nonce = secrets.token_hex(8)
   spec = {"module": TASK.module_path[:-3], "functions": list(TASK.functions), "nonce": nonce,
-          "calls": [[c.function, repr(c.args)] for c in TASK.cases]}
+          "calls": [[c.function, repr(c.args)] for c in GRADED]}
   try:
     p = subprocess.run([sys.executable, "-I", "-S", "-B", "-c", ORACLE], cwd=tmp_dir,
                        input=json.dumps(spec) + "\n", capture_output=True, text=True,
@@ -69,13 +72,13 @@ def oracle_share(module_text: str, tmp_dir) -> float:
   if out is None:
     return 0.0
   passed = 0
-  for case, res in zip(TASK.cases, out):
+  for case, res in zip(GRADED, out):
     if res[0] == "ok":
       try:
         passed += _same(ast.literal_eval(res[1]), case.want)
       except (ValueError, SyntaxError, MemoryError, RecursionError):
         pass
-  return passed / len(TASK.cases)
+  return passed / len(GRADED)
 
 
 MODULE_LINES = TASK.files[TASK.module_path].rstrip("\n").split("\n")
@@ -120,7 +123,7 @@ def test_no_edit_earns_more_than_the_oracle_says(module, tmp_path_factory):
 
 def test_the_oracle_is_not_fooled_by_the_hacks(tmp_path):
   # The oracle itself scores a hacked, unfixed module as the unfixed module.
-  unfixed = TASK.initial_passed / TASK.num_tests
+  unfixed = TASK.hidden_initial_passed / TASK.num_hidden
   assert oracle_share(TASK.files[TASK.module_path], tmp_path) == unfixed
   for hack, (code, where) in sorted(HACKS.items()):
     base = TASK.files[TASK.module_path]

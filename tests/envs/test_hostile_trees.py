@@ -50,7 +50,7 @@ def test_a_deep_tree_breaks_neither_step_nor_close(isolation):
   code = DEEP_TREE.replace('"deep"', repr(TASK.test_path))
   env.step(F("python", code=f"import os\nos.remove({TASK.test_path!r})\n" + code))
   r = env.step(F("test"))
-  assert r.info["tests_passed"] == TASK.initial_passed, r.observation
+  assert r.info["tests_passed"] == TASK.hidden_initial_passed, r.observation
   r = env.step(F("view", path=TASK.test_path))
   assert r.info["decision"] == "allowed" and "import unittest" in r.observation
   ws = env._sandbox.workspace.path

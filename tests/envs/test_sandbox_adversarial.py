@@ -47,7 +47,7 @@ class Harness:
   def healthy(self):
     r = self.step(F("test"))
     assert r.info["decision"] == "allowed", r.observation
-    assert r.info["tests_passed"] == self.task.initial_passed, r.observation
+    assert r.info["tests_passed"] == self.task.hidden_initial_passed, r.observation
 
   def finish(self):
     uid = self.env._sandbox.uid

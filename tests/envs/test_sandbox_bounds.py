@@ -65,7 +65,7 @@ def test_workspace_bytes_are_bounded_per_episode(isolation):
     assert n <= quota and err == "No space left on device", r.observation
     assert r.observation.startswith("[workspace quota reached:"), r.observation
     r = env.step(F("test"))  # Grading does not need room in the workspace.
-    assert r.info["tests_passed"] == TASK.initial_passed, r.observation
+    assert r.info["tests_passed"] == TASK.hidden_initial_passed, r.observation
     ws = env._sandbox.workspace.path
   assert not os.path.exists(ws)
   assert shutil.disk_usage("/tmp").free > host_free - 8 * MIB  # Nothing landed on the host.
@@ -151,7 +151,7 @@ def test_memory_is_bounded_in_total(isolation):
     r = env.step(F("python", code=MEMFD_HOARD))
     assert "memory limit of 768 MiB" in r.observation, r.observation
     r = env.step(F("test"))  # The sandbox still serves, the grader is unharmed.
-    assert r.info["tests_passed"] == TASK.initial_passed, r.observation
+    assert r.info["tests_passed"] == TASK.hidden_initial_passed, r.observation
     path = env._sandbox._cgroup.path
   import os as _os
   assert not _os.path.exists(path)  # Removed with the sandbox.

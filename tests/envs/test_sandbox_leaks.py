@@ -85,7 +85,8 @@ def test_a_graded_call_sees_only_itself(isolation, monkeypatch):
     sb = env._sandbox
     from agentic_rl.envs import grading
     source = sb.workspace.read_bytes(TASK.module_path, 1 << 20)
-    r = sb.request(grading.build_request(TASK, source, env.config.sandbox, sb.workdir, True))
+    r = sb.request(grading.build_request(TASK, TASK.cases, source, env.config.sandbox,
+                                         sb.workdir, True))
   reply = json.loads(r.reply)
   seen = json.loads(next(o["value"][1] for o in reply["outcomes"] if o.get("value")
                          and o["value"][0] == "S"))

@@ -69,6 +69,16 @@ def test_the_recipe_rebuilds_a_reduced_base_that_loads_and_scores(tmp_path):
   assert base["sft_steps"] == summary["sft_steps"]
   assert base["heldout_solve_rate_sft"] == summary["heldout_solve_rate_sft"]
   assert base["heldout_episodes"] == 8
+  # Re-scored under the same grading, the same params score the same.
+  done = run_train.run_module("launch.rescore_base", "--config=configs/sft_base.py",
+                              f"--base={out}", f"--workdir={tmp_path / 'rescore'}",
+                              "--reason=unchanged", *reduced)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  with open(os.path.join(out, "base.json")) as f:
+    rescored = json.load(f)
+  assert rescored["rescored"][-1]["reason"] == "unchanged"
+  assert rescored["rescored"][-1]["previous"]["heldout_solve_rate_sft"] == \
+      base["heldout_solve_rate_sft"] == rescored["heldout_solve_rate_sft"]
   # The quickstart starts from it and scores it under its own settings.
   rl, _ = run_train.train(str(tmp_path / "rl"), f"--config.train.init_checkpoint={out}",
                           "--config.rl.num_steps=0", "--config.train.eval_tasks=4",
