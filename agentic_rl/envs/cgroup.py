@@ -9,7 +9,9 @@ kernel kills inside the cgroup, never the host.
 cgroup v1 (the memory controller's own hierarchy) and v2 (where our cgroup may
 give the memory controller to children) are both handled. Where neither is
 writable (not root, no delegation) there is no cgroup, and the sandbox's probe
-says so among the guarantees it cannot give.
+says so among the guarantees it cannot give. Where the host has one but a sandbox's own
+cannot be made, `create` raises, and the sandbox fails to start unless
+`sandbox.memory_cgroup="best_effort"` (sandbox.Sandbox).
 """
 
 from __future__ import annotations
@@ -107,6 +109,9 @@ class MemoryCgroup:
 
   @classmethod
   def create(cls, limit_bytes: int) -> MemoryCgroup | None:
+    """A new cgroup bounded at limit_bytes; None where this host makes none (parent() is
+    None). OSError, saying why, where it does but this one cannot be made: the caller
+    decides whether a sandbox may run without the bound the others have."""
     where = parent()
     if where is None:
       return None
@@ -115,8 +120,8 @@ class MemoryCgroup:
     try:
       os.mkdir(path)
     except OSError as e:
-      log.warning("could not create a memory cgroup under %s: %s", base, e)
-      return None
+      raise OSError(e.errno, f"could not create a memory cgroup under {base}: "
+                             f"{e.strerror or e}") from e
     try:
       if version == 1:
         _write(os.path.join(path, "memory.limit_in_bytes"), str(limit_bytes))
@@ -129,9 +134,9 @@ class MemoryCgroup:
         if os.path.exists(swap):
           _write(swap, "0")
     except OSError as e:
-      log.warning("could not set the memory limit of %s: %s", path, e)
       _rmdir(path)
-      return None
+      raise OSError(e.errno, f"could not set the memory limit of {path}: "
+                             f"{e.strerror or e}") from e
     return cls(version, path, limit_bytes)
 
   @property

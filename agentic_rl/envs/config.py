@@ -86,9 +86,12 @@ def default_env_config() -> ml_collections.ConfigDict:
   c.sandbox.cpu_s = 5  # RLIMIT_CPU per process.
   c.sandbox.memory_mb = 512  # Per process: RLIMIT_AS plus what /tmp and /dev/shm may hold.
   # All the sandbox's processes together, with every page they hold (tmpfs, memfd, pipes):
-  # a memory cgroup per sandbox where one can be made ("auto"), else no total bound.
+  # a memory cgroup per sandbox where the host can make them ("auto"), else no total bound.
   c.sandbox.total_memory_mb = 1024
-  c.sandbox.memory_cgroup = "auto"  # "auto" or "off".
+  # "auto": where the host can make memory cgroups, a sandbox whose own cannot be made
+  # fails to start (IsolationUnavailable), rather than run unbounded beside bounded ones;
+  # "best_effort": it runs without, and its missing_guarantees say so; "off": none.
+  c.sandbox.memory_cgroup = "auto"
   c.sandbox.tmpfs_mb = 32  # Size of the sandbox's /tmp (a tmpfs under bubblewrap) ...
   c.sandbox.shm_mb = 8  # ... and of /dev/shm; both are taken off RLIMIT_AS.
   c.sandbox.disk_quota_mb = 16  # Per episode: bytes the workspace may hold in total ...
@@ -194,8 +197,8 @@ def validate_env_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDi
   _check_int(c, "sandbox.memory_mb", 32)
   _check_int(c, "sandbox.file_size_mb", 1)
   _check_int(c, "sandbox.total_memory_mb", s.memory_mb)
-  if s.memory_cgroup not in ("auto", "off"):
-    _fail("sandbox.memory_cgroup", s.memory_cgroup, "'auto' or 'off'")
+  if s.memory_cgroup not in ("auto", "best_effort", "off"):
+    _fail("sandbox.memory_cgroup", s.memory_cgroup, "'auto', 'best_effort' or 'off'")
   _check_int(c, "sandbox.tmpfs_mb", 1)
   _check_int(c, "sandbox.shm_mb", 1)
   if s.tmpfs_mb + s.shm_mb > s.memory_mb - 64:

@@ -259,7 +259,7 @@ def resolve_isolation(config: ml_collections.ConfigDict) -> _Isolation:
   """Probes (once per process and setting) which isolation level runs here."""
   s = config.sandbox
   key = (s.isolation, s.python, s.workspace_root, s.uid_base, s.uid_count,
-         s.per_call_namespaces)
+         s.per_call_namespaces, s.memory_cgroup)
   with _iso_lock:
     if key in _iso_cache:
       return _iso_cache[key]
@@ -289,7 +289,7 @@ def _probe(config: ml_collections.ConfigDict) -> _Isolation:
         ok, why, nested = _probe_one(config, iso)
         if ok:
           iso = dataclasses.replace(iso, nested=nested, memory_cgroup=(
-              s.memory_cgroup == "auto" and cgroup.parent() is not None))
+              s.memory_cgroup != "off" and cgroup.parent() is not None))
           if level == "fallback" and s.isolation == "auto":
             log.warning("sandbox: bubblewrap is not usable here (%s); using the rlimit fallback",
                         "; ".join(reasons) or "not tried")
@@ -445,29 +445,34 @@ class Sandbox:
     validate_env_config(config)
     self._cfg = config.sandbox
     self._iso = _isolation if _isolation is not None else resolve_isolation(config)
+    # The tools first: a missing one must not leave a uid, workspace or cgroup behind.
+    drops = self._iso.drops_uid
+    self._prlimit = _which("prlimit")
+    self._setpriv = _which("setpriv") if drops else None
+    self._kill = _which("kill") if drops else None
+    self._unshare = _which("unshare") if (self._iso.level == "fallback"
+                                          and self._iso.network_isolated) else None
+    self._bwrap = shutil.which("bwrap") if self._iso.level == "bubblewrap" else None
     self._pool = None
     self.uid = None
-    if self._iso.drops_uid:
+    if drops:
       self._pool = _uid_pool(self._cfg.uid_base, self._cfg.uid_count)
       self.uid = self._pool.acquire()
+    self.workspace = None
+    self._stage_dir = None  # Host-side staging for graded runs, where calls share namespaces.
+    self._cgroup = None
     try:
       self.workspace = Workspace(self._cfg.workspace_root, self.uid,
                                  quota_bytes=self._cfg.disk_quota_mb << 20,
                                  max_files=self._cfg.max_files)
+      if self._iso.memory_cgroup:  # The host makes them (the probe's own sandbox does not).
+        self._cgroup = self._make_cgroup()
     except BaseException:
+      if self.workspace is not None:
+        self.workspace.close()
       if self._pool is not None:
         self._pool.release(self.uid)
       raise
-    self._stage_dir = None  # Host-side staging for graded runs, where calls share namespaces.
-    self._cgroup = None
-    if self._cfg.memory_cgroup == "auto":
-      self._cgroup = cgroup.MemoryCgroup.create(self._cfg.total_memory_mb << 20)
-    self._prlimit = _which("prlimit")
-    self._setpriv = _which("setpriv") if self.uid is not None else None
-    self._kill = _which("kill") if self.uid is not None else None
-    self._unshare = _which("unshare") if (self._iso.level == "fallback"
-                                          and self._iso.network_isolated) else None
-    self._bwrap = shutil.which("bwrap") if self._iso.level == "bubblewrap" else None
     self._server: subprocess.Popen | None = None
     self._control = None  # The server's control pipe (READY and DONE frames).
     self._server_ready = False
@@ -478,9 +483,37 @@ class Sandbox:
     if self.uid is not None:
       self.kill_all()  # Whatever a crashed earlier holder of this uid left running.
 
+  def _make_cgroup(self) -> cgroup.MemoryCgroup | None:
+    """This sandbox's memory cgroup, or None where the host makes none. Where the host does
+    but this one cannot be made, the sandbox does not start ("auto": one sandbox unbounded
+    beside bounded ones is a guarantee claimed and not given) or runs without it, saying
+    so in its missing_guarantees ("best_effort")."""
+    try:
+      made = cgroup.MemoryCgroup.create(self._cfg.total_memory_mb << 20)
+      if made is None:  # The probe found a parent; it is gone.
+        raise OSError("no memory cgroup parent here any more")
+      return made
+    except OSError as e:
+      if self._cfg.memory_cgroup != "best_effort":
+        raise IsolationUnavailable(
+            f"sandbox: {e}. This host gives each sandbox a memory cgroup of "
+            f"sandbox.total_memory_mb; this one would run without that bound. Set "
+            f"sandbox.memory_cgroup='best_effort' to run it anyway (its missing_guarantees "
+            f"say so), or 'off' for none.") from e
+      log.warning("sandbox: %s; this sandbox runs without a memory cgroup "
+                  "(sandbox.memory_cgroup='best_effort')", e)
+      return None
+
   @property
   def isolation(self) -> str:
     return self._iso.level
+
+  @property
+  def missing_guarantees(self) -> list[str]:
+    """The guarantees this sandbox cannot give: its host's (missing_guarantees), and the
+    memory cgroup where it has none of its own."""
+    return missing_guarantees(dataclasses.replace(self._iso,
+                                                  memory_cgroup=self._cgroup is not None))
 
   @property
   def description(self) -> str:

@@ -1,4 +1,11 @@
-"""Shared fixtures: env configs per isolation level, with short adversarial timeouts."""
+"""Shared fixtures: env configs per isolation level, with short adversarial timeouts.
+
+A test that needs an isolation guarantee this host cannot give (bubblewrap, per-call
+namespaces) skips, saying why: unless AGENTIC_RL_REQUIRE_ISOLATION=1, which .ci/run sets
+(CI installs bubblewrap and runs as root, so every guarantee must hold there), and then
+it fails. An explicit switch rather than a guess from root and bwrap: a developer's root
+container may refuse namespaces, and CI must not pass because a guarantee went missing.
+"""
 
 import functools
 import os
@@ -34,16 +41,26 @@ def bubblewrap_skip_reason() -> str:
   return ""
 
 
-ISOLATIONS = [
-    pytest.param("bubblewrap", id="bubblewrap",
-                 marks=pytest.mark.skipif(bool(bubblewrap_skip_reason()),
-                                          reason=bubblewrap_skip_reason() or "n/a")),
-    pytest.param("fallback", id="fallback"),
-]
+def isolation_required() -> bool:
+  """Whether a missing isolation guarantee fails a test rather than skipping it."""
+  return os.environ.get("AGENTIC_RL_REQUIRE_ISOLATION", "") not in ("", "0")
+
+
+def skip_unless_required(reason: str) -> None:
+  """Skips for `reason`, or fails where every guarantee is required (CI)."""
+  if isolation_required():
+    pytest.fail(f"{reason} (AGENTIC_RL_REQUIRE_ISOLATION is set: this guarantee must hold "
+                "here)", pytrace=False)
+  pytest.skip(reason)
+
+
+ISOLATIONS = ["bubblewrap", "fallback"]
 
 
 @pytest.fixture(params=ISOLATIONS)
 def isolation(request):
+  if request.param == "bubblewrap" and bubblewrap_skip_reason():
+    skip_unless_required(bubblewrap_skip_reason())
   return request.param
 
 

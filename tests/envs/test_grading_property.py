@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from agentic_rl.envs.swe_env import SweEnv
 from agentic_rl.envs.tool_call import format_tool_call as F
 from tests.envs.conftest import env_config
-from tests.envs.test_grader_isolation import HACKS, TASK
+from tests.envs.test_grader_isolation import HACK_ROOM, HACKS, TASK
 
 ORACLE = r"""
 import ast, importlib, json, sys
@@ -110,9 +110,10 @@ def edits(draw):
 @given(module=edits())
 def test_no_edit_earns_more_than_the_oracle_says(module, tmp_path_factory):
   tmp = tmp_path_factory.mktemp("oracle")
-  with SweEnv(env_config(timeout_s=5.0, reward="tests_fraction")) as env:
+  with SweEnv(env_config(timeout_s=5.0, reward="tests_fraction", **HACK_ROOM)) as env:
     env.reset(TASK)
-    env.step(F("python", code=f"open({TASK.module_path!r}, 'w').write({module!r})"))
+    r = env.step(F("python", code=f"open({TASK.module_path!r}, 'w').write({module!r})"))
+    assert r.info["exit_code"] == 0, r.observation  # The edit is in place.
     r = env.step(F("submit"))
   share = oracle_share(module, tmp)
   assert r.reward <= share + 1e-9, (r.reward, share, r.observation)

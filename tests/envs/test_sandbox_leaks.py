@@ -5,12 +5,10 @@ environment. Checked from inside, through the same calls the agent makes."""
 import json
 import os
 
-import pytest
-
 from agentic_rl.envs.swe_env import SweEnv
 from agentic_rl.envs.swe_tasks import generate_task
 from agentic_rl.envs.tool_call import format_tool_call as F
-from tests.envs.conftest import env_config
+from tests.envs.conftest import env_config, skip_unless_required
 
 TASK = generate_task(11, "medium")
 CANARY = "AGENTIC_RL_HOST_CANARY"
@@ -50,8 +48,8 @@ def test_a_call_sees_only_itself(isolation, monkeypatch):
     env.reset(TASK)
     sb = env._sandbox
     if not sb.per_call_namespaces_or_probe():
-      pytest.skip("this kernel refuses nested namespaces: no per-call pid namespace "
-                  "(listed in the sandbox's warning)")
+      skip_unless_required("this kernel refuses nested namespaces: no per-call pid namespace "
+                           "(listed in the sandbox's warning)")
     host_ws = sb.workspace.path
     r = env.step(F("python", code=LOOK))
   seen = _seen(r.observation)
@@ -70,37 +68,61 @@ def test_a_call_sees_only_itself(isolation, monkeypatch):
     assert seen["cwd"] == "/workspace"
 
 
+# The same look, judged inside the graded process: what it saw (the host's mount table
+# may be long) never travels, only a verdict of bounded size.
+VERDICT = """\
+_secrets = [bytes.fromhex(x).decode() for x in %r]
+_found = {}
+for _i, _s in enumerate(_secrets):
+    _at = _blob.find(_s)
+    if _at >= 0:
+        _found[_i] = _blob[max(0, _at - 30):_at + len(_s) + 30]
+_pids = sorted(int(p) for p in seen["procs"])
+VERDICT = json.dumps({"pid": seen["pid"], "pids": _pids[:16], "npids": len(_pids),
+                      "cwd": seen["cwd"][:200], "ls": [x[:100] for x in seen["ls"][:16]],
+                      "nls": len(seen["ls"]), "found": _found, "blob_chars": len(_blob)})
+"""
+
+
 def test_a_graded_call_sees_only_itself(isolation, monkeypatch):
   # The same look from inside the module under repair, during a graded run.
   monkeypatch.setenv(CANARY, "host secret")
-  module = (LOOK.replace('print("SEEN" + json.dumps(seen))', "SEEN = json.dumps(seen)")
-            + TASK.files[TASK.module_path]
-            + f"\ndef {TASK.functions[0]}(*a):\n    return SEEN\n")
   with SweEnv(env_config(isolation)) as env:
     env.reset(TASK)
-    if not env._sandbox.per_call_namespaces_or_probe():
-      pytest.skip("no per-call namespaces on this kernel")
-    host_ws = env._sandbox.workspace.path
-    env.step(F("python", code=f"open({TASK.module_path!r}, 'w').write({module!r})"))
     sb = env._sandbox
-    from agentic_rl.envs import grading
-    source = sb.workspace.read_bytes(TASK.module_path, 1 << 20)
-    r = sb.request(grading.build_request(TASK, TASK.cases, source, env.config.sandbox,
-                                         sb.workdir, True))
-  reply = json.loads(r.reply)
-  seen = json.loads(next(o["value"][1] for o in reply["outcomes"] if o.get("value")
-                         and o["value"][0] == "S"))
-  assert sorted(int(p) for p in seen["procs"]) == [1, seen["pid"]]
-  blob = json.dumps(seen)
+    if not sb.per_call_namespaces_or_probe():
+      skip_unless_required("no per-call namespaces on this kernel")
+    host_ws = sb.workspace.path
+    secrets = ["sandbox_server", CANARY, "host secret", "agentic_rl_ws_", host_ws]
+    module = (LOOK.replace('print("SEEN" + json.dumps(seen))', "_blob = json.dumps(seen)")
+              + VERDICT % [x.encode().hex() for x in secrets]
+              + TASK.files[TASK.module_path]
+              + f"\ndef {TASK.functions[0]}(*a):\n    return VERDICT\n")
+    env.step(F("python", code=f"open({TASK.module_path!r}, 'w').write({module!r})"))
+    replies = []
+    request = sb.request
+    def keep_reply(payload, *a, **k):
+      r = request(payload, *a, **k)
+      replies.append(r.reply)
+      return r
+    monkeypatch.setattr(sb, "request", keep_reply)
+    r = env.step(F("test"))
+  assert replies and replies[-1] is not None, r.observation
+  outcomes = json.loads(replies[-1])["outcomes"]
+  verdicts = [o["value"][1] for o in outcomes if o.get("value") and o["value"][0] == "S"]
+  assert verdicts, outcomes
+  seen = json.loads(verdicts[0])
+  assert seen["pids"] == [1, seen["pid"]] and seen["npids"] == 2, seen
+  found = {secrets[int(i)]: around for i, around in seen["found"].items()}
   for secret in ("sandbox_server", CANARY, "host secret"):
-    assert secret not in blob, secret
+    assert secret not in found, (secret, found[secret])
   if isolation == "bubblewrap":
     for secret in ("agentic_rl_ws_", host_ws):
-      assert secret not in blob, secret
+      assert secret not in found, (secret, found[secret])
   assert seen["cwd"] == sb.workdir
   # The graded process's directory holds the module under repair and nothing else: no
   # test file with its expected values, nothing the agent planted.
-  assert seen["ls"] == [TASK.module_path]
+  assert seen["ls"] == [TASK.module_path] and seen["nls"] == 1, seen
 
 
 def test_the_fallback_says_which_guarantees_it_cannot_give(caplog):
