@@ -44,6 +44,9 @@ def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array, temperature_b: j
   logp_btv = jax.nn.log_softmax(scaled_btv, axis=-1)
   target_logp_bt = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
   probs_btv = jnp.exp(logp_btv)
-  # 0 * -inf outside the mask is 0 mass, not NaN.
-  entropy_bt = -jnp.sum(jnp.where(probs_btv > 0, probs_btv * logp_btv, 0.0), axis=-1)
+  # Outside the mask logp is -inf: 0 * -inf is 0 mass, not NaN. The inner where keeps the
+  # -inf out of the product, so its gradient is 0 there too (an outer where alone still
+  # back-propagates 0 * -inf = NaN into every logit of the row).
+  finite_logp_btv = jnp.where(probs_btv > 0, logp_btv, 0.0)
+  entropy_bt = -jnp.sum(probs_btv * finite_logp_btv, axis=-1)
   return prepend_zero_column(target_logp_bt), prepend_zero_column(entropy_bt)
