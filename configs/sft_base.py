@@ -20,7 +20,8 @@ SFT stops on a validation plateau (expert demonstrations of train tasks outside 
 set: no held-out task is used to choose the stop) and keeps the best step's params. The
 shipped base (assets/base_tiny_bpe/base.json): stopped at step 1800, best validation NLL
 0.062 at step 1400, 1597 s on 2 cores; held-out pass@1 0.387 +- 0.038 and pass@2 0.500 at
-T=1 over 128 tasks x 2 samples. Its held-out failures (launch/evaluate, 64 tasks x 2): 66
+T=1 over 128 tasks x 2 samples, re-scored on hidden graded cases (launch/rescore_base)
+0.391 +- 0.038 and 0.492. Its held-out failures (launch/evaluate, 64 tasks x 2): 66
 of 77 submit a wrong repair after one replace, 11 run out of the 8-turn budget.
 
     python -m launch.train --config configs/sft_base.py --workdir /tmp/sft_base

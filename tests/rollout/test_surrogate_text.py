@@ -91,6 +91,7 @@ def _actions(task):
           F("submit")]
 
 
+@pytest.mark.slow  # ~30 s: a real SweEnv episode, the quickstart's HF tokenizer, a train step.
 def test_surrogates_in_an_observation_reach_the_quickstart_tokenizer_as_fffd():
   tokenizer = tokenizer_lib.make_tokenizer(quickstart.get_config().tokenizer)
   assert isinstance(tokenizer, tokenizer_lib.HFTokenizer)
