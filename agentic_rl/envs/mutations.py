@@ -204,6 +204,29 @@ def one_line_change(before: str, after: str) -> tuple[int, str, str] | None:
   return diff[0], a[diff[0]], b[diff[0]]
 
 
+def mutated_code(fn_source: str, *, expert: bool) -> list:
+  """A compiled module defining the function, for every mutation in mutated_sources' search
+  space, compiled from the mutated tree: no unparse and re-parse per mutation, several
+  times faster. Without mutated_sources' filters: a duplicate only costs time, and a
+  mutation that changes no line is the function itself."""
+  out = []
+  with AST_LOCK:  # compile() of a tree is a C-level AST conversion too.
+    module = ast.parse(fn_source)
+    fn = module.body[0]
+    nodes, parents = _nodes(fn), _parents(fn)
+    for m in list(enumerate_mutations(fn, expert=expert)):
+      target = nodes[m.node_index]
+      undo = _mutate_in_place(nodes, parents, m)
+      try:  # New nodes take their place's location: only the parent's subtree is walked.
+        ast.fix_missing_locations(parents.get(id(target), target))
+        out.append(compile(module, "<mutant>", "exec"))
+      except (SyntaxError, ValueError, TypeError):
+        continue
+      finally:
+        undo()
+  return out
+
+
 def mutated_sources(fn_source: str, *, expert: bool, family: str | None = None
                     ) -> Iterator[tuple[Mutation, int, str, str]]:
   """(mutation, line, old line, new line) for every one-line mutation of a canonical function."""

@@ -457,14 +457,12 @@ def _settled_cases(buggy_src: str, name: str, visible, pool) -> list:
   search space, mutations.mutated_sources) that passes the visible cases also passes:
   what the visible tests specify. A repair made from the visible tests alone passes these;
   the true repair is among the candidates, so each has its expected value."""
-  lines = buggy_src.split("\n")
   seen = {repr(args) for args, _ in visible}  # repr: 1 and True are other arguments.
   settled = [c for c in pool if repr(c[0]) not in seen]
-  for _, idx, _, new in mutations.mutated_sources(mutations.canonical(buggy_src), expert=True):
-    try:
-      fn = _compile("\n".join(new if i == idx else s for i, s in enumerate(lines)), name)
-    except SyntaxError:
-      continue
+  for code in mutations.mutated_code(mutations.canonical(buggy_src), expert=True):
+    ns: dict = {"__builtins__": _SAFE_BUILTINS}
+    exec(code, ns)
+    fn = ns[name]
     if all(_passes_case(fn, args, want) for args, want in visible):
       settled = [c for c in settled if _passes_case(fn, c[0], c[1])]
   return settled

@@ -137,6 +137,40 @@ def test_mutations_change_exactly_one_line():
   assert fams == set(BUG_FAMILIES)
 
 
+def _behaviour(code_or_source, name, inputs):
+  ns = {"__builtins__": __builtins__}
+  exec(code_or_source, ns)
+  out = []
+  for args in inputs:
+    try:
+      out.append(("ok", repr(ns[name](*[list(a) if isinstance(a, list) else a for a in args]))))
+    except Exception as e:
+      out.append(("raise", type(e).__name__))
+  return tuple(out)
+
+
+def test_mutated_code_compiles_what_mutated_sources_writes():
+  # The generator's fast path: the same functions, compiled from the mutated tree rather
+  # than from unparsed source (duplicates and the unchanged function aside).
+  for tier, seed in (("tiny", 0), ("easy", 1), ("medium", 2), ("hard", 3)):
+    task = generate_task(seed, tier)
+    lines = task.files[task.module_path].split("\n")
+    for bug in task.bugs:
+      fn = next(n for n in mutations.parse(task.files[task.module_path]).body
+                if n.name == bug.function)
+      src = "\n".join(lines[fn.lineno - 1: fn.end_lineno])
+      inputs = [c.args for c in task.cases + task.hidden_cases if c.function == bug.function]
+      from_sources = {_behaviour("\n".join(new if i == idx else x
+                                           for i, x in enumerate(src.split("\n"))),
+                                 bug.function, inputs)
+                      for _, idx, _, new in mutations.mutated_sources(src, expert=True)}
+      from_code = {_behaviour(code, bug.function, inputs)
+                   for code in mutations.mutated_code(src, expert=True)}
+      itself = _behaviour(src, bug.function, inputs)
+      assert from_sources <= from_code <= from_sources | {itself}
+      assert len(from_sources) >= 2  # The bug and its repair behave differently, at least.
+
+
 def test_splits_are_disjoint_grain_sources():
   c = default_env_config()
   train, held = SweTaskSource("train", TIERS), SweTaskSource("heldout", TIERS)
