@@ -197,6 +197,10 @@ def _text(x) -> str:
   return x[:_MAX_TEXT]
 
 
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')  # A JSON string literal, escapes included.
+_KEEP_BRACKETS = {c: None for c in range(128) if chr(c) not in "[]{}"}
+
+
 def _nesting_within(text: str, max_depth: int) -> bool:
   """False if `text`'s brackets (strings aside) nest deeper than 2 * max_depth or do not
   balance; True for any depth up to max_depth. At C speed: each pass deletes the innermost
@@ -210,10 +214,6 @@ def _nesting_within(text: str, max_depth: int) -> bool:
       return False  # Unbalanced: json.loads says how.
     skeleton = shorter
   return not skeleton
-
-
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_KEEP_BRACKETS = {c: None for c in range(128) if chr(c) not in "[]{}"}
 
 
 def parse_reply(task, cases, reply: str, max_value_chars: int = 4096) -> GradeReport:

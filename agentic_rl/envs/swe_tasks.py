@@ -16,15 +16,17 @@ the test file documents and `test` runs, and the hidden cases, which `submit`, t
 reward and the process signal grade on and the agent never sees. They share no
 arguments, so a module that answers the visible cases from a table, bug left in,
 scores on the hidden ones exactly as the unfixed module does; and every bug fails at
-least one case of each set. The hidden cases come from their own random stream, so
-the visible task is the same as before they existed, except for the few seeds whose
-first-tried bug showed only on the visible cases.
+least one case of each set, and the hidden cases are ones the visible tests settle
+(_settled_cases). The hidden cases come from their own random stream, so the visible
+task is the same as before they existed, except where the first-tried bug showed on
+no case a hidden set could hold (about 1 task in 7; WORKSPACE.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import random
+import types
 from collections.abc import Callable
 
 import ml_collections
@@ -280,10 +282,27 @@ TEMPLATES = (_t_affine, _t_clamp, _t_series, _t_count_cmp, _t_extreme, _t_piecew
 
 # ---- evaluation of generated code (trusted: it is ours) ----
 
-def _compile(source: str, name: str) -> Callable:
+def _compile(source, name: str) -> Callable:
+  """The function `name` defined by `source` (text, or a compiled module's code)."""
   ns: dict = {"__builtins__": _SAFE_BUILTINS}
-  exec(compile(source, f"<{name}>", "exec"), ns)
+  exec(source if isinstance(source, types.CodeType) else compile(source, f"<{name}>", "exec"),
+       ns)
   return ns[name]
+
+
+def _outside(pool: list, cases: list) -> list:
+  """The cases of `pool` whose arguments are none of `cases`' (by repr: 1 and True differ)."""
+  seen = {repr(args) for args, _ in cases}
+  return [c for c in pool if repr(c[0]) not in seen]
+
+
+def _draw_with_catching(rng: random.Random, pool: list, catching: list, k: int) -> list:
+  """k cases of `pool` (fewer if it is smaller), one of them from `catching`, shuffled."""
+  first = rng.choice(catching)
+  rest = [c for c in pool if c is not first]
+  cs = [first] + rng.sample(rest, min(k - 1, len(rest)))
+  rng.shuffle(cs)
+  return cs
 
 
 def _outcome(fn: Callable, args: tuple):
@@ -374,10 +393,8 @@ def _generate_task(seed, tier, split, config) -> SweTask:
   for f in tested:
     pool = pools[f.name]
     if f.name not in buggy_names:
-      cs = rng.sample(pool, min(t.cases_per_function, len(pool)))
-      cases[f.name] = cs
-      seen = {repr(args) for args, _ in cs}
-      hidden_pools[f.name] = [c for c in pool if repr(c[0]) not in seen]
+      cases[f.name] = rng.sample(pool, min(t.cases_per_function, len(pool)))
+      hidden_pools[f.name] = _outside(pool, cases[f.name])
       continue
     fam_order = families[:]
     rng.shuffle(fam_order)
@@ -394,10 +411,7 @@ def _generate_task(seed, tier, split, config) -> SweTask:
         catching = [c for c in pool if not _passes_case(buggy, c[0], c[1])]
         if not catching:
           continue
-        first = rng.choice(catching)
-        rest = [c for c in pool if c is not first]
-        cs = [first] + rng.sample(rest, min(t.cases_per_function - 1, len(rest)))
-        rng.shuffle(cs)
+        cs = _draw_with_catching(rng, pool, catching, t.cases_per_function)
         settled = _settled_cases(buggy_src, f.name, cs, pool)
         if not any(c in catching for c in settled):  # No hidden case could catch this bug.
           continue
@@ -457,12 +471,9 @@ def _settled_cases(buggy_src: str, name: str, visible, pool) -> list:
   search space, mutations.mutated_sources) that passes the visible cases also passes:
   what the visible tests specify. A repair made from the visible tests alone passes these;
   the true repair is among the candidates, so each has its expected value."""
-  seen = {repr(args) for args, _ in visible}  # repr: 1 and True are other arguments.
-  settled = [c for c in pool if repr(c[0]) not in seen]
+  settled = _outside(pool, visible)
   for code in mutations.mutated_code(mutations.canonical(buggy_src), expert=True):
-    ns: dict = {"__builtins__": _SAFE_BUILTINS}
-    exec(code, ns)
-    fn = ns[name]
+    fn = _compile(code, name)
     if all(_passes_case(fn, args, want) for args, want in visible):
       settled = [c for c in settled if _passes_case(fn, c[0], c[1])]
   return settled
@@ -479,12 +490,9 @@ def _hidden_cases(tested, hidden_pools, bug_sources, per_function, rng, seed, ti
       raise RuntimeError(f"no hidden cases for {f.name} (seed {seed}, tier {tier})")
     if f.name in bug_sources:
       buggy = _compile(bug_sources[f.name], f.name)
+      # Non-empty: the bug was chosen so.
       catching = [c for c in free if not _passes_case(buggy, c[0], c[1])]
-      first = rng.choice(catching)  # Non-empty: the bug was chosen so.
-      rest = [c for c in free if c is not first]
-      cs = [first] + rng.sample(rest, min(per_function - 1, len(rest)))
-      rng.shuffle(cs)
+      hidden[f.name] = _draw_with_catching(rng, free, catching, per_function)
     else:
-      cs = rng.sample(free, min(per_function, len(free)))
-    hidden[f.name] = cs
+      hidden[f.name] = rng.sample(free, min(per_function, len(free)))
   return hidden
