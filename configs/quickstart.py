@@ -1,6 +1,6 @@
 """The embedded default: RL from the shipped base model on the SWE environment's tiny tier.
 
-The base (assets/base_tiny_bpe, built by configs/sft_base.py) is a tiny hybrid
+The base (configs/assets/base_tiny_bpe, built by configs/sft_base.py) is a tiny hybrid
 sparse-attention MoE agent SFT'd on the scripted expert. RL here: GRPO advantages, PPO
 clip-higher over several epochs of minibatches per rollout batch, a revisited pool of
 train tasks drawn by pass-rate priority, reward only for tests the agent repairs.
@@ -11,14 +11,12 @@ train tasks drawn by pass-rate priority, reward only for tests the agent repairs
     python -m launch.check_consistency --config configs/quickstart.py
 """
 
-import os
-
 import ml_collections
 
 from configs import sft_base
 
-BASE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
-                    "base_tiny_bpe")
+# A shipped name: resolves to the installed configs package from any directory.
+BASE = "configs/assets/base_tiny_bpe"
 
 
 def get_config() -> ml_collections.ConfigDict:

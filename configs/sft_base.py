@@ -18,18 +18,16 @@ per step at this scale (attention and MoE dispatch dominate, not the dense matmu
 
 SFT stops on a validation plateau (expert demonstrations of train tasks outside the SFT
 set: no held-out task is used to choose the stop) and keeps the best step's params. The
-shipped base (assets/base_tiny_bpe/base.json): stopped at step 1800, best validation NLL
+shipped base (configs/assets/base_tiny_bpe/base.json): stopped at step 1800, best validation NLL
 0.062 at step 1400, 1597 s on 2 cores; held-out pass@1 0.387 +- 0.038 and pass@2 0.500 at
 T=1 over 128 tasks x 2 samples, re-scored on hidden graded cases (launch/rescore_base)
 0.391 +- 0.038 and 0.492. Its held-out failures (launch/evaluate, 64 tasks x 2): 66
 of 77 submit a wrong repair after one replace, 11 run out of the 8-turn budget.
 
     python -m launch.train --config configs/sft_base.py --workdir /tmp/sft_base
-    python -m launch.export_base --workdir /tmp/sft_base --out assets/base_tiny_bpe
+    python -m launch.export_base --workdir /tmp/sft_base --out configs/assets/base_tiny_bpe
     python -m launch.bench_sft_sizes --config configs/sft_base.py --seconds 120
 """
-
-import os
 
 import ml_collections
 
@@ -40,8 +38,8 @@ from agentic_rl.rollout.config import default_rollout_config
 from agentic_rl.rollout.tokenizer import default_tokenizer_config
 from agentic_rl.train.config import default_train_config, route_a_overrides
 
-_TOKENIZER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizers",
-                          "swe_bpe_1k.json")
+# A shipped name: resolves to the installed configs package from any directory.
+TOKENIZER = "configs/tokenizers/swe_bpe_1k.json"
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -69,7 +67,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   tok = config.tokenizer = default_tokenizer_config()
   tok.kind = "hf"
-  tok.path = _TOKENIZER  # Absolute: runs from any directory.
+  tok.path = TOKENIZER
 
   config.env = default_env_config()
   config.env.default_tier = "tiny"

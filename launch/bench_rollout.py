@@ -30,7 +30,6 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
-from ml_collections import config_flags
 
 from agentic_rl.envs import config as env_config_lib
 from agentic_rl.envs import datasets
@@ -42,8 +41,9 @@ from agentic_rl.rollout import config as rollout_config
 from agentic_rl.rollout import engine as engine_lib
 from agentic_rl.rollout import teacher as teacher_lib
 from agentic_rl.rollout import tokenizer as tokenizer_lib
+from launch import config_flag
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
+_CONFIG = config_flag.define_config("configs/quickstart.py", "Config file.")
 _JSON = flags.DEFINE_bool("json", False, "Print only the JSON report.")
 _TASKS = flags.DEFINE_integer("num_tasks", 48, "SWE tasks (groups) in the timed run.")
 _TIER = flags.DEFINE_string("tier", "easy", "SWE difficulty tier.")

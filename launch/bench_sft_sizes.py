@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
 from agentic_rl.envs import config as env_config_lib
 from agentic_rl.envs.datasets import SweTaskSource
@@ -32,8 +31,9 @@ from agentic_rl.rl import train_step as train_step_lib
 from agentic_rl.rollout import config as rollout_config_lib
 from agentic_rl.rollout import tokenizer as tokenizer_lib
 from agentic_rl.train import sft as sft_lib
+from launch import config_flag
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/sft_base.py", "Config file.")
+_CONFIG = config_flag.define_config("configs/sft_base.py", "Config file.")
 _SIZES = flags.DEFINE_list("sizes", ["64", "128", "192", "256"], "d_model values.")
 _SECONDS = flags.DEFINE_float("seconds", 150.0, "Training wall-clock budget per size.")
 _EVAL_EVERY = flags.DEFINE_float("eval_every", 30.0, "Seconds between held-out scores.")

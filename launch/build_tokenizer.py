@@ -23,6 +23,7 @@ import os
 from absl import app
 from absl import flags
 
+from agentic_rl import resources
 from agentic_rl.envs import config as env_config_lib
 from agentic_rl.envs import datasets
 from agentic_rl.envs import expert
@@ -93,7 +94,7 @@ def main(argv):
   del argv
   docs = episode_texts(_TASKS.value)
   tok = train_tokenizer(docs, _VOCAB.value, _MIN_FREQ.value)
-  out = os.path.abspath(_OUTPUT.value)
+  out = resources.resolve(_OUTPUT.value)  # The default names the shipped file.
   os.makedirs(os.path.dirname(out), exist_ok=True)
   tok.save(out)
   wrapped = tokenizer_lib.HFTokenizer.from_file(out)

@@ -15,12 +15,12 @@ from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
-from ml_collections import config_flags
 
 from agentic_rl.model import config as model_config
 from agentic_rl.model import transformer
+from launch import config_flag
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
+_CONFIG = config_flag.define_config("configs/quickstart.py", "Config file.")
 _LENGTH = flags.DEFINE_integer("length", 192, "Tokens per sequence.")
 _BATCH = flags.DEFINE_integer("batch", 2, "Sequences.")
 _PREFILL = flags.DEFINE_integer("prefill", 64, "Tokens prefilled before decoding starts.")

@@ -16,9 +16,10 @@ import json
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
+from launch import config_flag
+
+_CONFIG = config_flag.define_config("configs/quickstart.py", "Config file.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Workdir, checkpoints/ or step folder.",
                                   required=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the audit log goes.", required=True)

@@ -1,7 +1,7 @@
 """Writes a finished SFT run as a shipped base model: params, config, recipe and scores.
 
     python -m launch.train --config configs/sft_base.py --workdir /tmp/sft_base
-    python -m launch.export_base --workdir /tmp/sft_base --out assets/base_tiny_bpe
+    python -m launch.export_base --workdir /tmp/sft_base --out configs/assets/base_tiny_bpe
 
 The folder gets params.safetensors (the run's final params: with a plateau stop, its best
 validation step), config.json (the run's config), and base.json: the command that built
@@ -19,11 +19,10 @@ from absl import app
 from absl import flags
 from absl import logging
 
-from ml_collections import config_flags
-
 from agentic_rl.train import params_file
+from launch import config_flag
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/sft_base.py",
+_CONFIG = config_flag.define_config("configs/sft_base.py",
                                           "The config the run was built with.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "The finished SFT run.", required=True)
 _OUT = flags.DEFINE_string("out", None, "The folder to write.", required=True)

@@ -7,12 +7,12 @@ import json
 
 from absl import app
 from absl import flags
-from ml_collections import config_flags
 
 from agentic_rl.model import config as model_config
 from agentic_rl.model import sizing
+from launch import config_flag
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
+_CONFIG = config_flag.define_config("configs/quickstart.py", "Config file.")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON object instead of a table.")
 
 

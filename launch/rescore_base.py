@@ -1,6 +1,6 @@
 """Re-scores a shipped base's params under the current env and grading; updates base.json.
 
-    python -m launch.rescore_base --base assets/base_tiny_bpe --workdir /tmp/rescore \
+    python -m launch.rescore_base --base configs/assets/base_tiny_bpe --workdir /tmp/rescore \
         --reason "graded on hidden cases (issue 28)"
 
 Scores under --config's eval settings (configs/sft_base.py's by default, those the base
@@ -17,9 +17,11 @@ import os
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/sft_base.py", "Config file.")
+from agentic_rl import resources
+from launch import config_flag
+
+_CONFIG = config_flag.define_config("configs/sft_base.py", "Config file.")
 _BASE = flags.DEFINE_string("base", None, "The base folder (params.safetensors, base.json).",
                             required=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the audit log goes.", required=True)
@@ -32,7 +34,8 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   from agentic_rl.train.evaluation import base_json_scores  # After flag parsing: --help
   from agentic_rl.train.loop import Trainer  # stays fast.
-  path = os.path.join(_BASE.value, "base.json")
+  base_dir = resources.resolve(_BASE.value)  # `configs/assets/...` names the shipped base.
+  path = os.path.join(base_dir, "base.json")
   with open(path) as f:
     base = json.load(f)
   settings = {"tasks": int(_CONFIG.value.train.eval_tasks),
@@ -43,10 +46,10 @@ def main(argv):
                          f"{base['eval_settings']}: scores would not compare.")
   trainer = Trainer(_CONFIG.value, _WORKDIR.value)
   try:
-    result = trainer.evaluate_checkpoint(_BASE.value, source="--base")
+    result = trainer.evaluate_checkpoint(base_dir, source="--base")
   finally:
     trainer.close()
-  with open(os.path.join(_BASE.value, "params.safetensors"), "rb") as f:
+  with open(os.path.join(base_dir, "params.safetensors"), "rb") as f:
     digest = hashlib.sha256(f.read()).hexdigest()
   scores = base_json_scores(result)
   previous = {k: base[k] for k in scores if k in base}

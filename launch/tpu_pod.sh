@@ -18,6 +18,6 @@ gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone "$ZONE" --worker=all --command
   set -e
   cd $REPO_DIR
   sudo apt-get update -qq && sudo apt-get install -y -qq bubblewrap util-linux procps
-  pip install -q -r requirements.txt 'jax[tpu]'
+  pip install -q -e . 'jax[tpu]'
   python -m launch.train --config $CONFIG --workdir $WORKDIR $*
 "

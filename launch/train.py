@@ -9,9 +9,10 @@ Restarting with the same --workdir resumes from its latest checkpoint.
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/quickstart.py", "Config file.")
+from launch import config_flag
+
+_CONFIG = config_flag.define_config("configs/quickstart.py", "Config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and summary.json.",
                                required=True)
 

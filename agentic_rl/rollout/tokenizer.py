@@ -57,6 +57,8 @@ from typing import Protocol, runtime_checkable
 
 import ml_collections
 
+from agentic_rl import resources
+
 SPECIAL_TOKENS: Mapping[str, str] = MappingProxyType({
     "pad": "<|pad|>",
     "bos": "<|bos|>",
@@ -380,7 +382,7 @@ class HFTokenizer(ChatTokenizer):
     """Loads a tokenizer.json, or the tokenizer.json inside a model directory."""
     import tokenizers
 
-    path = os.path.abspath(os.fspath(path))
+    path = resources.resolve(path)
     if os.path.isdir(path):
       path = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(path):
@@ -522,7 +524,7 @@ def make_tokenizer(config: ml_collections.ConfigDict) -> ChatTokenizer:
     if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
       raise ValueError(f"{prefix}.path={path!r}: expected the path of a tokenizer.json "
                        "(or of a directory holding one) when kind='hf'.")
-    resolved = os.path.abspath(os.fspath(path))
+    resolved = resources.resolve(path)
     if not (os.path.isfile(resolved) or os.path.isfile(os.path.join(resolved, "tokenizer.json"))):
       raise ValueError(f"{prefix}.path={path!r}: no tokenizer.json at {resolved}.")
     merged = _merge_special_tokens(special_tokens, f"{prefix}.special_tokens")

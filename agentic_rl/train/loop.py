@@ -28,6 +28,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
+from agentic_rl import resources
 from agentic_rl.envs import config as env_config_lib
 from agentic_rl.envs import env as env_lib
 from agentic_rl.envs.audit import AuditLog
@@ -339,6 +340,7 @@ class Trainer:
     """`holder` with the params saved at `path` (everything else as given) and where they
     came from: a params.safetensors folder (a shipped base) or a run's checkpoint. `source`
     (the config field or flag `path` came from) prefixes load errors."""
+    path = resources.resolve(path)
     if params_file.params_path(path):
       return self._params_from_file(path, holder, source)
     return self._params_from_checkpoint(path, holder, source)

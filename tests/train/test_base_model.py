@@ -1,4 +1,4 @@
-"""The shipped base model (assets/base_tiny_bpe): complete, loadable, competent; and the
+"""The shipped base model (configs/assets/base_tiny_bpe): complete, loadable, competent; and the
 documented recipe rebuilds a (reduced) one that loads and scores."""
 
 import json
@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from agentic_rl import resources
 from agentic_rl.envs import config as env_config_lib
 from agentic_rl.envs.datasets import SweTaskSource
 from agentic_rl.envs.swe_env import SweEnv
@@ -20,7 +21,7 @@ from agentic_rl.train import sft as sft_lib
 from configs import quickstart
 from tests.train import run_train
 
-BASE = quickstart.BASE
+BASE = resources.resolve(quickstart.BASE)
 
 
 def test_the_shipped_base_is_complete():
@@ -38,7 +39,7 @@ def test_the_shipped_base_loads_and_imitates_the_expert_on_unseen_tasks():
   config = quickstart.get_config()
   spec = model_config_lib.validate(config.model)
   model = transformer.Model(spec)
-  params = params_file.load_params(BASE, model.init(jax.random.key(0)), "assets/base_tiny_bpe")
+  params = params_file.load_params(BASE, model.init(jax.random.key(0)), "configs/assets/base_tiny_bpe")
   env_config = env_config_lib.validate_env_config(config.env)
   tokenizer = tokenizer_lib.make_tokenizer(config.tokenizer)
   rollout_spec = rollout_config_lib.validate(config.rollout, spec)
