@@ -52,7 +52,7 @@ def bench(episodes: int, threads: int, tiers: tuple[str, ...], isolation: str,
   from agentic_rl.envs.datasets import SweTaskSource  # grain: seconds to import.
   config = default_env_config()
   config.sandbox.isolation = isolation
-  validate_env_config(config)
+  config = validate_env_config(config)
   iso = resolve_isolation(config)  # Probe outside the timed region.
   source = SweTaskSource(split, tiers, config)
   tasks = [source[i] for i in range(episodes)]

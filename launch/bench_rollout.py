@@ -182,7 +182,8 @@ def main(argv):
   rspec = _rollout_spec(config, spec)
   tokenizer = (tokenizer_lib.make_tokenizer(config.tokenizer) if "tokenizer" in config
                else tokenizer_lib.ByteTokenizer())
-  env_cfg = config.env if "env" in config else env_config_lib.default_env_config()
+  env_cfg = env_config_lib.validate_env_config(config.env if "env" in config else None,
+                                               max_turns=rspec.max_turns)
   model = transformer.Model(spec)
   params = model.init(jax.random.key(config.get("seed", 0)))
   env_factory = lambda: swe_env.SweEnv(env_cfg)

@@ -56,7 +56,8 @@ def main(argv):
   del argv
   config = _CONFIG.value
   tokenizer = tokenizer_lib.make_tokenizer(config.tokenizer)
-  env_config = env_config_lib.validate_env_config(config.env)
+  env_config = env_config_lib.validate_env_config(config.env,
+                                                  max_turns=config.rollout.max_turns)
   factory = lambda: SweEnv(env_config)
   tc = config.train
   rows = []

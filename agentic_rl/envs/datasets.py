@@ -9,9 +9,8 @@ create, random-access, picklable and identical in every process.
 from __future__ import annotations
 
 import grain
-import ml_collections
 
-from agentic_rl.envs.config import default_env_config, validate_env_config
+from agentic_rl.envs.config import EnvSpec, validate_env_config
 from agentic_rl.envs.swe_tasks import SweTask, generate_task
 
 SPLITS = ("train", "heldout")
@@ -21,8 +20,8 @@ class SweTaskSource(grain.sources.RandomAccessDataSource):
   """Random access to the tasks of one split."""
 
   def __init__(self, split: str = "train", tiers: tuple[str, ...] | None = None,
-               config: ml_collections.ConfigDict | None = None):
-    self.config = validate_env_config(config if config is not None else default_env_config())
+               config: EnvSpec | None = None):
+    self.config = validate_env_config(config)
     if split not in SPLITS:
       raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     tiers = (self.config.default_tier,) if tiers is None else tuple(tiers)
@@ -57,6 +56,6 @@ class SweTaskSource(grain.sources.RandomAccessDataSource):
 
 
 def swe_task_dataset(split: str = "train", tiers: tuple[str, ...] | None = None,
-                     config: ml_collections.ConfigDict | None = None) -> grain.MapDataset:
+                     config: EnvSpec | None = None) -> grain.MapDataset:
   """A grain MapDataset of SweTask records (shuffle, repeat, batch with grain as usual)."""
   return grain.MapDataset.source(SweTaskSource(split, tiers, config))

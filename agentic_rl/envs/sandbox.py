@@ -63,10 +63,9 @@ import tempfile
 import threading
 import time
 
-import ml_collections
 
 from agentic_rl.envs import cgroup, sandbox_server
-from agentic_rl.envs.config import validate_env_config
+from agentic_rl.envs.config import EnvSpec, validate_env_config
 from agentic_rl.envs.workspace import Workspace, remove_tree
 
 log = logging.getLogger(__name__)
@@ -255,7 +254,7 @@ _iso_lock = threading.Lock()
 _iso_cache: dict[tuple, _Isolation] = {}
 
 
-def resolve_isolation(config: ml_collections.ConfigDict) -> _Isolation:
+def resolve_isolation(config: EnvSpec) -> _Isolation:
   """Probes (once per process and setting) which isolation level runs here."""
   s = config.sandbox
   key = (s.isolation, s.python, s.workspace_root, s.uid_base, s.uid_count,
@@ -269,7 +268,7 @@ def resolve_isolation(config: ml_collections.ConfigDict) -> _Isolation:
     return iso
 
 
-def _probe(config: ml_collections.ConfigDict) -> _Isolation:
+def _probe(config: EnvSpec) -> _Isolation:
   s = config.sandbox
   pythons = _python_candidates(s.python)
   if not pythons:
@@ -441,8 +440,8 @@ def _registered(sel):
 class Sandbox:
   """One episode's workspace plus the means to run Python in it, confined."""
 
-  def __init__(self, config: ml_collections.ConfigDict, *, _isolation: _Isolation | None = None):
-    validate_env_config(config)
+  def __init__(self, config: EnvSpec, *, _isolation: _Isolation | None = None):
+    config = validate_env_config(config)  # A built spec passes through unchecked.
     self._cfg = config.sandbox
     self._iso = _isolation if _isolation is not None else resolve_isolation(config)
     # The tools first: a missing one must not leave a uid, workspace or cgroup behind.

@@ -39,11 +39,10 @@ import time
 import uuid
 import weakref
 
-import ml_collections
 
 from agentic_rl.envs import grading
 from agentic_rl.envs.audit import AuditLog
-from agentic_rl.envs.config import default_env_config, validate_env_config
+from agentic_rl.envs.config import EnvSpec, validate_env_config
 from agentic_rl.envs.env import StepResult
 from agentic_rl.envs.permissions import PermissionPolicy
 from agentic_rl.envs.sandbox import RunResult, Sandbox, resolve_isolation
@@ -103,9 +102,8 @@ def episode_reward(mode: str, passed: int, initial_passed: int, total: int) -> f
 class SweEnv:
   """One trajectory at a time; see agentic_rl/envs/env.py for the protocol."""
 
-  def __init__(self, config: ml_collections.ConfigDict | None = None,
-               audit_log: AuditLog | None = None):
-    self.config = validate_env_config(config if config is not None else default_env_config())
+  def __init__(self, config: EnvSpec | None = None, audit_log: AuditLog | None = None):
+    self.config = validate_env_config(config)  # A built spec passes through unchecked.
     c = self.config
     self.audit = audit_log if audit_log is not None else AuditLog(
         None, max_arg_chars=c.audit_max_arg_chars)

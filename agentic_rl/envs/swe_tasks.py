@@ -29,11 +29,10 @@ import random
 import types
 from collections.abc import Callable
 
-import ml_collections
 
 from agentic_rl.envs import mutations
 from agentic_rl.envs.grading import Case, plain_equal
-from agentic_rl.envs.config import default_env_config, validate_env_config
+from agentic_rl.envs.config import EnvSpec, validate_env_config
 
 # None of these shadows a standard-library module.
 _MODULE_NAMES = ("calc", "mathutil", "helpers", "metrics", "pricing", "scores", "tally", "ranges",
@@ -349,14 +348,14 @@ def _render_test_method(fn: _Function, cases: list[tuple[tuple, object]]) -> str
 
 
 def generate_task(seed: int, tier: str | None = None, split: str = "train",
-                  config: ml_collections.ConfigDict | None = None) -> SweTask:
+                  config: EnvSpec | None = None) -> SweTask:
   """The task of `seed` in `tier`; deterministic, and every bug is caught by a test."""
   with mutations.AST_LOCK:  # Thread-safe (see mutations.AST_LOCK); generation is CPU-bound.
     return _generate_task(seed, tier, split, config)
 
 
 def _generate_task(seed, tier, split, config) -> SweTask:
-  config = validate_env_config(config if config is not None else default_env_config())
+  config = validate_env_config(config)
   tier = config.default_tier if tier is None else tier
   if tier not in config.tiers:
     raise ValueError(f"unknown tier {tier!r}; tiers: {sorted(config.tiers.keys())}")

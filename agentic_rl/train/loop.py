@@ -102,7 +102,8 @@ class Trainer:
     self.info = distributed.initialize(tc.coordinator_address, tc.num_processes, tc.process_id)
     self.mesh = distributed.data_mesh()
     self.tokenizer = tokenizer_lib.make_tokenizer(config.tokenizer)
-    self.env_config = env_config_lib.validate_env_config(config.env)
+    self.env_config = env_config_lib.validate_env_config(
+        config.env, max_turns=config.rollout.max_turns)
     self.train_source = SweTaskSource("train", config=self.env_config)
     # RL draws from these: the default tier and every tier of the curriculum.
     self.tiers = tuple(self.env_config.tiers.keys())

@@ -13,11 +13,13 @@ import shutil
 
 import pytest
 
-from agentic_rl.envs.config import default_env_config
+from agentic_rl.envs.config import EnvSpec, default_env_config, validate_env_config
 from agentic_rl.envs.sandbox import IsolationUnavailable, resolve_isolation
 
 
-def env_config(isolation: str = "auto", timeout_s: float = 1.5, **overrides):
+def env_config(isolation: str = "auto", timeout_s: float = 1.5, max_turns: int | None = None,
+               **overrides) -> EnvSpec:
+  """The env spec with these sandbox settings; `a__b=v` overrides field a.b."""
   c = default_env_config()
   c.sandbox.isolation = isolation
   c.sandbox.timeout_s = timeout_s
@@ -27,7 +29,7 @@ def env_config(isolation: str = "auto", timeout_s: float = 1.5, **overrides):
     for p in parents:
       target = target[p]
     target[leaf] = v
-  return c
+  return validate_env_config(c, max_turns=max_turns)
 
 
 @functools.lru_cache(maxsize=None)

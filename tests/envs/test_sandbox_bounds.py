@@ -107,15 +107,11 @@ def test_ram_backed_mounts_are_sized(isolation, target):
 
 
 def test_config_rejects_mounts_larger_than_the_memory_budget():
-  from agentic_rl.envs.config import validate_env_config
-  c = env_config()
-  c.sandbox.tmpfs_mb = c.sandbox.memory_mb
-  with pytest.raises(ValueError, match="sandbox.tmpfs_mb"):
-    validate_env_config(c)
-  c = env_config()
-  c.sandbox.disk_quota_mb = c.sandbox.file_size_mb - 1
-  with pytest.raises(ValueError, match="sandbox.disk_quota_mb"):
-    validate_env_config(c)
+  memory_mb = env_config().sandbox.memory_mb
+  with pytest.raises(ValueError, match="config.env.sandbox.tmpfs_mb"):
+    env_config(sandbox__tmpfs_mb=memory_mb)
+  with pytest.raises(ValueError, match="config.env.sandbox.disk_quota_mb"):
+    env_config(sandbox__disk_quota_mb=env_config().sandbox.file_size_mb - 1)
 
 
 # Four processes, each holding 400 MiB in memfds written with write(): under RLIMIT_AS

@@ -40,7 +40,8 @@ def test_the_shipped_base_loads_and_imitates_the_expert_on_unseen_tasks():
   spec = model_config_lib.validate(config.model)
   model = transformer.Model(spec)
   params = params_file.load_params(BASE, model.init(jax.random.key(0)), "configs/assets/base_tiny_bpe")
-  env_config = env_config_lib.validate_env_config(config.env)
+  env_config = env_config_lib.validate_env_config(config.env,
+                                                  max_turns=config.rollout.max_turns)
   tokenizer = tokenizer_lib.make_tokenizer(config.tokenizer)
   rollout_spec = rollout_config_lib.validate(config.rollout, spec)
   tasks = [SweTaskSource("heldout", config=env_config)[i] for i in range(500, 508)]
