@@ -15,6 +15,7 @@ from absl import app
 from absl import flags
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from agentic_rl.model import config as model_config
 from agentic_rl.model import transformer
@@ -27,12 +28,24 @@ _PREFILL = flags.DEFINE_integer("prefill", 64, "Tokens prefilled before decoding
 _CHUNK = flags.DEFINE_integer("chunk", 32, "Prefill chunk size.")
 
 
-def _agreement(layers_a, layers_b, key):
+def selection_agreement(layers_a, layers_b, key):
+  """Share of selections (`key`: "experts" or "blocks") the two paths agree on, or None.
+
+  The last axis of each entry is a top-k selection: a set whose order means nothing, with
+  -1 for an unused slot. Per row, agreement counts the ids both sets hold, over the larger
+  set's size, so it is 1 exactly when the sets are equal. Rows where neither path selected
+  anything (e.g. padding) do not count.
+  """
   hits = total = 0
   for la, lb in zip(layers_a, layers_b):
-    if key in la:
-      hits += int(jnp.sum(la[key] == lb[key]))
-      total += la[key].size
+    if key not in la or key not in lb:
+      continue
+    a_rk = np.asarray(la[key]).reshape(-1, np.shape(la[key])[-1])
+    b_rk = np.asarray(lb[key]).reshape(-1, np.shape(lb[key])[-1])
+    for a_k, b_k in zip(a_rk, b_rk):
+      a_set, b_set = set(a_k[a_k >= 0].tolist()), set(b_k[b_k >= 0].tolist())
+      hits += len(a_set & b_set)
+      total += max(len(a_set), len(b_set))
   return hits / total if total else None
 
 
@@ -82,8 +95,8 @@ def main(argv):
       "max_abs_logprob_diff": float(jnp.max(jnp.abs(logp_full - logp_cached))),
       "mean_kl_full_vs_cached": float(jnp.mean(jnp.sum(
           jnp.exp(logp_cached) * (logp_cached - logp_full), axis=-1))),
-      "routing_agreement": _agreement(full_layers, cached_layers, "experts"),
-      "block_selection_agreement": _agreement(full_layers, cached_layers, "blocks"),
+      "routing_agreement": selection_agreement(full_layers, cached_layers, "experts"),
+      "block_selection_agreement": selection_agreement(full_layers, cached_layers, "blocks"),
       "decode_tokens_per_s": batch * (length - prefill) / max(decode_s, 1e-9),
   }
   print(json.dumps(report, indent=1))

@@ -6,7 +6,9 @@
 The folder gets params.safetensors (the run's final params: with a plateau stop, its best
 validation step), config.json (the run's config), and base.json: the command that built
 it, its SFT steps, and its held-out pass@1 (with standard error) and pass@k curve, scored
-here under the config's evaluation settings (the same episodes the run's own score drew). `config.train.init_checkpoint=FOLDER` starts a run from it.
+here under the config's evaluation settings (the same episodes the run's own score drew).
+base.json's params_sha256 is the sha256 of the params.safetensors written beside it.
+`config.train.init_checkpoint=FOLDER` starts a run from it.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ def main(argv):
                             "samples_per_task": config["train"]["eval_samples"],
                             "temperature": config["train"]["eval_temperature"]},
           **scores, "params_mb": round(size_mb, 3),
-          "params_sha256": summary["params_sha256"]}
+          # The file written above, not the run summary's digest of its in-memory params.
+          "params_sha256": params_file.file_sha256(file)}
   with open(os.path.join(_OUT.value, "base.json"), "w") as f:
     json.dump(base, f, indent=1)
   print(json.dumps(base, indent=1))

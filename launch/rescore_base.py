@@ -10,7 +10,6 @@ scores they replace, with the reason, this command and the params file's sha256,
 the base's. --workdir holds the sandboxes' audit log.
 """
 
-import hashlib
 import json
 import os
 
@@ -19,6 +18,7 @@ from absl import flags
 from absl import logging
 
 from agentic_rl import resources
+from agentic_rl.train import params_file
 from launch import config_flag
 
 _CONFIG = config_flag.define_config("configs/sft_base.py", "Config file.")
@@ -49,8 +49,7 @@ def main(argv):
     result = trainer.evaluate_checkpoint(base_dir, source="--base")
   finally:
     trainer.close()
-  with open(os.path.join(base_dir, "params.safetensors"), "rb") as f:
-    digest = hashlib.sha256(f.read()).hexdigest()
+  digest = params_file.file_sha256(os.path.join(base_dir, params_file.PARAMS_FILE))
   scores = base_json_scores(result)
   previous = {k: base[k] for k in scores if k in base}
   base.setdefault("rescored", []).append({

@@ -8,6 +8,7 @@ every name, shape and dtype against the model the config builds and says what di
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any
@@ -39,6 +40,15 @@ def save_params(path: str, params, metadata: dict | None = None) -> str:
   meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in (metadata or {}).items()}
   save_file(flatten(params), path, metadata=meta)
   return path
+
+
+def file_sha256(path: str) -> str:
+  """sha256 of a params file's bytes: what base.json records for the file beside it."""
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+      digest.update(chunk)
+  return digest.hexdigest()
 
 
 def params_path(path: str) -> str | None:

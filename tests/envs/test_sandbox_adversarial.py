@@ -9,6 +9,8 @@ decision.
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -253,19 +255,35 @@ def test_signals_to_the_parent_do_not_reach_the_host(h, isolation):
   if isolation == "fallback" and h.env._sandbox.uid is None:
     pytest.skip("fallback without root runs as the host's uid: it cannot stop a signal to the "
                 "host pid (bubblewrap can)")
-  host_pid = os.getpid()
-  r = h.python(f"import os, signal\nfor pid in ({host_pid}, os.getppid()):\n    try:\n"
-               "        os.kill(pid, signal.SIGKILL)\n        print('sent', pid)\n"
-               "    except OSError as e:\n        print('refused', pid, type(e).__name__)")
-  # The parent inside the sandbox (the fork server) may die; the host never does.
-  assert "sent %d" % host_pid not in r.observation
-  r = h.python("import os, signal\nos.kill(-1, signal.SIGKILL)")  # Everything we may signal.
-  assert r.info["decision"] in ("error", "allowed")
-  r = h.python("import os, signal\nos.killpg(os.getpgid(0), signal.SIGKILL)")
-  assert os.getpid() == host_pid  # Still here.
+  # A host process of the host's uid, outside the sandbox, that the agent is told the pid
+  # of: it must outlive every signal below. (The test process itself cannot check its own
+  # survival: were it killed, no assertion would run.)
+  canary = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                            start_new_session=True)
+  try:
+    # The narrowest attempt first, checked before anything broader is tried: were
+    # signals to reach the host, the test stops here rather than at kill(-1).
+    r = h.python(f"import os, signal\ntry:\n    os.kill({canary.pid}, signal.SIGKILL)\n"
+                 "    print('sent')\nexcept OSError as e:\n    print('refused', type(e).__name__)")
+    assert "refused" in r.observation and "sent" not in r.observation, r.observation
+    assert canary.poll() is None, f"the host canary died: {canary.returncode}"
+    host_pid = os.getpid()
+    r = h.python(f"import os, signal\nfor pid in ({host_pid}, os.getppid()):\n    try:\n"
+                 "        os.kill(pid, signal.SIGKILL)\n        print('sent', pid)\n"
+                 "    except OSError as e:\n        print('refused', pid, type(e).__name__)")
+    # The parent inside the sandbox (the fork server) may die; the host never does.
+    assert "sent %d" % host_pid not in r.observation
+    r = h.python("import os, signal\nos.kill(-1, signal.SIGKILL)")  # Everything we may signal.
+    assert r.info["decision"] in ("error", "allowed")
+    r = h.python("import os, signal\nos.killpg(os.getpgid(0), signal.SIGKILL)")
+    time.sleep(0.2)  # A SIGKILL that got out is delivered by now.
+    assert canary.poll() is None, f"the host canary died: {canary.returncode}"
+  finally:
+    canary.kill()
+    canary.wait()
   h.healthy()
   v = h.finish()
-  assert v.lines == 4
+  assert v.lines == 5
 
 
 def test_file_size_and_cpu_limits_hold(isolation, tmp_path):

@@ -157,3 +157,88 @@ def rope(x_bthk, positions_bt, theta):
     out[..., i] = x1 * c - x2 * s
     out[..., i + half] = x2 * c + x1 * s
   return out
+
+
+def attention_vjp(q_bthd, k_bshd, v_bshd, count_bkts, do_bthd):
+  """float64 (dq, dk, dv) of sum(attention(q, k, v) * do), from the softmax derivative.
+
+  count_bkts [B, K, T, S] (or [B, T, S]): how many times key s enters query t's softmax
+  (0 = masked; a block selected twice counts its keys twice), so
+  p_s = c_s e^{x_s} / sum_r c_r e^{x_r} with x_s = q.k_s / sqrt(D), o = sum_s p_s v_s and
+  dv_s += p_s do, dx_s = p_s (do.v_s - do.o), dq += sum_s dx_s k_s / sqrt(D),
+  dk_s += dx_s q / sqrt(D). A query that sees no key has o = 0 and no gradient.
+  """
+  q = np.asarray(q_bthd, np.float64)
+  k = np.asarray(k_bshd, np.float64)
+  v = np.asarray(v_bshd, np.float64)
+  do = np.asarray(do_bthd, np.float64)
+  b, t, h, d = q.shape
+  num_kv = k.shape[2]
+  group = h // num_kv
+  count = np.asarray(count_bkts, np.float64)
+  if count.ndim == 3:
+    count = np.broadcast_to(count[:, None], (b, num_kv) + count.shape[1:])
+  dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+  scale = 1.0 / np.sqrt(d)
+  for bi in range(b):
+    for ti in range(t):
+      for hi in range(h):
+        kv = hi // group
+        c = count[bi, kv, ti]
+        seen = np.nonzero(c)[0]
+        if seen.size == 0:
+          continue
+        x = k[bi, seen, kv] @ q[bi, ti, hi] * scale
+        w = c[seen] * np.exp(x - x.max())
+        p = w / w.sum()
+        o = p @ v[bi, seen, kv]
+        dx = p * (v[bi, seen, kv] @ do[bi, ti, hi] - o @ do[bi, ti, hi])
+        dq[bi, ti, hi] += dx @ k[bi, seen, kv] * scale
+        dk[bi, seen, kv] += np.outer(dx, q[bi, ti, hi]) * scale
+        dv[bi, seen, kv] += np.outer(p, do[bi, ti, hi])
+  return dq, dk, dv
+
+
+def attention_counted(q_bthd, k_bshd, v_bshd, count_bkts):
+  """`attention` with multiplicities: the forward whose gradient `attention_vjp` is."""
+  q = np.asarray(q_bthd, np.float64)
+  k = np.asarray(k_bshd, np.float64)
+  v = np.asarray(v_bshd, np.float64)
+  b, t, h, d = q.shape
+  num_kv = k.shape[2]
+  group = h // num_kv
+  count = np.asarray(count_bkts, np.float64)
+  if count.ndim == 3:
+    count = np.broadcast_to(count[:, None], (b, num_kv) + count.shape[1:])
+  out = np.zeros((b, t, h, d))
+  for bi in range(b):
+    for ti in range(t):
+      for hi in range(h):
+        kv = hi // group
+        c = count[bi, kv, ti]
+        seen = np.nonzero(c)[0]
+        if seen.size == 0:
+          continue
+        x = k[bi, seen, kv] @ q[bi, ti, hi] / np.sqrt(d)
+        w = c[seen] * np.exp(x - x.max())
+        out[bi, ti, hi] = (w / w.sum()) @ v[bi, seen, kv]
+  return out
+
+
+def blocks_token_counts(blocks_bktn, q_pos_bt, num_keys, block_size):
+  """[B, K, T, S]: how many selected slots of the query's group hold key s's block (s <= the
+  query position); a block selected twice puts its keys in the softmax twice."""
+  blocks = np.asarray(blocks_bktn)
+  q_pos = np.asarray(q_pos_bt)
+  b, num_kv, t, _ = blocks.shape
+  count = np.zeros((b, num_kv, t, num_keys), np.int64)
+  for bi in range(b):
+    for kv in range(num_kv):
+      for ti in range(t):
+        for blk in blocks[bi, kv, ti]:
+          if blk < 0:
+            continue
+          for s in range(blk * block_size, min((blk + 1) * block_size, num_keys)):
+            if s <= q_pos[bi, ti]:
+              count[bi, kv, ti, s] += 1
+  return count

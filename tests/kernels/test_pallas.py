@@ -1,7 +1,8 @@
 """Pallas attention kernels (interpret mode on the CPU) against the jnp reference.
 
-Tolerances: fp32 everywhere; kernel outputs and gradients match the reference
-ops to atol 1e-5 (observed ~3e-7); rows that see no key must be exactly 0.
+Tolerances: fp32 everywhere; kernel outputs match the reference ops, and kernel
+gradients a float64 numpy softmax derivative, to atol 1e-5; rows that see no key must be
+exactly 0.
 Whole-model logits (|logits| up to ~35) match the reference backend to atol 1e-4.
 Lowering tests lower each kernel for TPU (Mosaic) and GPU (Triton) without a
 device: they catch unsupported ops and block shapes, not compiler failures
@@ -27,6 +28,7 @@ from kernels import pallas_block_sparse_tpu
 from kernels import pallas_flash
 from kernels import pallas_ops
 from kernels import reference
+from tests.kernels import numpy_attention as npa
 
 ATOL = 1e-5
 SMALL_TILES = dict(block_q_rows=8, block_k=8)  # Several query and key tiles per call.
@@ -274,37 +276,62 @@ def test_compiled_mode_on_cpu_names_the_fix():
 
 
 def _grad_cases(ops):
+  """{op: (bind, (q, k, v), counts)}: counts [B, (K,) T, S] is how often each key enters each
+  query's softmax, restated in numpy from positions and blocks (tests/kernels/numpy_attention)."""
   q_pos, k_pos = _sequence_positions()
   q, k, v, blocks, sq_pos, bs = _sparse_case()
   return {
       "causal": (lambda o: functools.partial(o.causal_attention, q_pos_bt=q_pos,
                                              k_pos_bs=k_pos),
-                 _qkv(4, 4, 19, 19, 4, 2, 8)),
+                 _qkv(4, 4, 19, 19, 4, 2, 8), npa.visibility(q_pos, k_pos)),
       "sliding": (lambda o: functools.partial(o.sliding_window_attention, q_pos_bt=q_pos,
                                               k_pos_bs=k_pos, window=3),
-                  _qkv(5, 4, 19, 19, 4, 2, 8)),
+                  _qkv(5, 4, 19, 19, 4, 2, 8), npa.visibility(q_pos, k_pos, 3)),
+      # Row 1 selects block 2 twice for one query: its keys count twice.
       "block_sparse": (lambda o: functools.partial(o.block_sparse_attention,
                                                    blocks_bktn=blocks, q_pos_bt=sq_pos,
                                                    block_size=bs),
-                       (q, k, v)),
+                       (q, k, v), npa.blocks_token_counts(blocks, sq_pos, k.shape[1], bs)),
   }
 
 
 @pytest.mark.parametrize("op", ["causal", "sliding", "block_sparse"])
-def test_gradients_equal_reference_gradients(op):
+def test_gradients_equal_float64_gradients(op):
+  """The kernels' custom VJPs against the softmax derivative in float64 numpy (itself checked
+  against finite differences below), not against jax.grad of the jnp reference, which the
+  backward pass recomputes and would share any error with."""
   pallas = pallas_ops.make_ops(interpret=True, **SMALL_TILES)
-  bind, (q, k, v) = _grad_cases(pallas)[op]
+  bind, (q, k, v), counts = _grad_cases(pallas)[op]
   cotangent = jnp.asarray(np.random.default_rng(6).standard_normal(q.shape), jnp.float32)
-
-  def loss(fn):
-    return lambda q, k, v: jnp.sum(fn(q, k, v) * cotangent)
-
-  got = jax.jit(jax.grad(loss(bind(pallas)), argnums=(0, 1, 2)))(q, k, v)
-  want = jax.grad(loss(bind(dispatch.REFERENCE_OPS)), argnums=(0, 1, 2))(q, k, v)
+  fn = bind(pallas)
+  got = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v) * cotangent),
+                         argnums=(0, 1, 2)))(q, k, v)
+  # The counts describe what the kernel computes: its forward is that attention.
+  np.testing.assert_allclose(np.asarray(jax.jit(fn)(q, k, v)),
+                             npa.attention_counted(q, k, v, counts), atol=ATOL, rtol=0)
+  want = npa.attention_vjp(q, k, v, counts, cotangent)
   for name, g, w in zip("qkv", got, want):
-    assert float(jnp.max(jnp.abs(w))) > 1e-3, f"d{name} should not be trivially zero"
-    np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=ATOL, rtol=0,
-                               err_msg=f"d{name}")
+    assert np.abs(w).max() > 1e-3, f"d{name} should not be trivially zero"
+    np.testing.assert_allclose(np.asarray(g), w, atol=ATOL, rtol=0, err_msg=f"d{name}")
+
+
+@pytest.mark.parametrize("op", ["causal", "sliding", "block_sparse"])
+def test_float64_gradients_match_finite_differences(op):
+  """The numpy VJP above against central differences of the numpy forward, in float64,
+  along random directions of (q, k, v)."""
+  _, (q, k, v), counts = _grad_cases(dispatch.REFERENCE_OPS)[op]
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  rng = np.random.default_rng(9)
+  cotangent = rng.standard_normal(q.shape)
+  grads = npa.attention_vjp(q, k, v, counts, cotangent)
+  f = lambda q, k, v: np.sum(npa.attention_counted(q, k, v, counts) * cotangent)
+  eps = 1e-6
+  for _ in range(3):
+    dirs = [rng.standard_normal(x.shape) for x in (q, k, v)]
+    plus = f(*(x + eps * d for x, d in zip((q, k, v), dirs)))
+    minus = f(*(x - eps * d for x, d in zip((q, k, v), dirs)))
+    want = sum(np.sum(g * d) for g, d in zip(grads, dirs))
+    assert (plus - minus) / (2 * eps) == pytest.approx(want, rel=1e-6, abs=1e-8)
 
 
 # ---- Whole model: pallas backend (interpret) equals the reference backend. ----

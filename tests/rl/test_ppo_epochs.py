@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentic_rl.rl import batch as batch_lib
 from agentic_rl.rl import learner
 from agentic_rl.rl import train_step as ts
 from tests.rl import test_bandit as bandit
@@ -44,21 +45,89 @@ def test_the_clip_binds_from_the_second_epoch(objective):
   np.testing.assert_allclose(clip[-1], float(metrics["clip_frac_last_epoch"]), rtol=1e-5)
 
 
-def test_minibatches_shuffle_rows_and_the_schedule_counts_batches():
+def test_minibatches_shuffle_rows_and_the_schedule_counts_batches(monkeypatch):
+  # Spy on the rows each update trains on (a callback from inside the jitted update).
+  rows_seen = []
+  take_rows = ts._take_rows
+
+  def spy(tree, rows):
+    if isinstance(tree, batch_lib.Batch):
+      jax.debug.callback(lambda r: rows_seen.append(np.asarray(r)), rows, ordered=True)
+    return take_rows(tree, rows)
+
+  monkeypatch.setattr(ts, "_take_rows", spy)
   model, params = tiny_model.make_model(seed=0)
   spec = tiny_model.rl_spec(**{**_FAST, "optim.warmup_steps": 4}, **{
       "optim.learning_rate": 1e-2, "ppo_epochs": 2, "minibatches": 4})
   batch = bandit.sample(model, params, jax.random.key(4))
-  state = ts.init_train_state(model, params, spec)
+  start = ts.init_train_state(model, params, spec)
   step = ts.make_train_step(model, spec)
-  state, m1 = step(state, batch)
+
+  def rows_of(state):
+    """(new state, metrics, [epochs, B] row order of each epoch's four minibatches)."""
+    rows_seen.clear()
+    state, metrics = step(state, batch)
+    jax.effects_barrier()
+    rows = np.stack(rows_seen)
+    assert rows.shape == (8, bandit.B // 4), rows.shape
+    return state, metrics, rows.reshape(2, bandit.B)
+
+  state, m1, order1 = rows_of(start)
   assert int(state.step) == 8 and float(m1["updates"]) == 8
-  state, m2 = step(state, batch)
+  state, m2, order2 = rows_of(state)
+  # Each epoch's minibatches cover every row once, in a shuffled order of its own.
+  epochs = np.concatenate([order1, order2])
+  for order in epochs:
+    np.testing.assert_array_equal(np.sort(order), np.arange(bandit.B))
+  assert not any(np.array_equal(o, np.arange(bandit.B)) for o in epochs), epochs
+  assert len({o.tobytes() for o in epochs}) == 4, epochs
+  # Deterministic per update count: the same state again draws the same rows (a resumed
+  # run shuffles as an uninterrupted one), another step draws others (checked above).
+  _, _, again = rows_of(start)
+  np.testing.assert_array_equal(again, order1)
   # Warmup over 4 rollout batches: every update of batch n uses the rate of batch n.
   assert float(m1["learning_rate"]) == 0.0
   assert float(m2["learning_rate"]) == pytest.approx(1e-2 / 4)
   with pytest.raises(ValueError, match="minibatches=3"):
     ts.make_train_step(model, tiny_model.rl_spec(**_FAST, minibatches=3))(state, batch)
+
+
+def _np_token_logp(logits_btv, tokens_bt):
+  """float64 target-aligned log-probs at temperature 1 (column 0 unscored)."""
+  z = np.asarray(logits_btv, np.float64)[:, :-1]
+  z = z - z.max(-1, keepdims=True)
+  logp_btv = z - np.log(np.exp(z).sum(-1, keepdims=True))
+  tokens_bt = np.asarray(tokens_bt)
+  target_bt = np.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
+  return np.concatenate([np.zeros((len(tokens_bt), 1)), target_bt], axis=1)
+
+
+def test_epochs_score_the_kl_against_the_reference_params():
+  """With several updates per batch the reference is scored once, before the first update:
+  by ref_params, not by the params the step starts from. Warmup gives the first batch a
+  learning rate of 0, so every update's KL is the same, computed here in float64."""
+  model, params = tiny_model.make_model(seed=0)
+  _, ref_params = tiny_model.make_model(seed=1)  # another policy: KL clearly above 0
+  spec = tiny_model.rl_spec(**{**_FAST, "optim.warmup_steps": 4}, **{
+      "optim.learning_rate": 1e-2, "ppo_epochs": 2, "minibatches": 2, "loss.kl_coef": 0.1})
+  batch = bandit.sample(model, params, jax.random.key(5))
+  state = ts.init_train_state(model, params, spec, ref_params=ref_params)
+  new, metrics = ts.make_train_step(model, spec)(state, batch)
+  assert float(metrics["learning_rate"]) == 0.0 and float(metrics["updates"]) == 4
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               new.params, params)
+
+  # The learner scores both policies with the sampler's routing and blocks forced.
+  forward = tiny_model.forward_fn(model)
+  logp = {}
+  for name, p in (("policy", params), ("reference", ref_params)):
+    logits, _, _ = forward(p, batch.tokens_bt, batch.positions_bt, None, batch.replay)
+    logp[name] = _np_token_logp(logits, batch.tokens_bt)
+  mask = np.asarray(batch.loss_mask_bt) > 0
+  log_ratio = (logp["policy"] - logp["reference"])[mask]  # log pi / pi_ref
+  want = np.mean(np.exp(-log_ratio) - 1.0 + log_ratio)  # k3, token mean (every row has L tokens)
+  assert want > 1e-2
+  np.testing.assert_allclose(float(metrics["kl_to_ref"]), want, rtol=1e-4)
 
 
 def _episodes_to_learn(epochs: int, threshold: float = 0.6, max_steps: int = 40) -> int:

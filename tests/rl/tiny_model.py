@@ -1,4 +1,5 @@
-"""A tiny hybrid MoE (S + G layers, both MoE) and a cache-path sampler, for the RL tests."""
+"""A tiny hybrid MoE (S + G layers, both MoE) and two samplers whose log-probs do not come
+from the learner's full-sequence pass: uncached, prefix by prefix, and through the KV cache."""
 
 import functools
 
@@ -103,3 +104,46 @@ def cache_path_sampler(model, params, tokens, prompt_len):
       entry["blocks"] = jnp.concatenate([r[layer]["blocks"] for r in records], axis=2)
     replay.append(entry)
   return sampler_logp, tuple(replay)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _prefix_step(model, params, tokens_bt, i, replay):
+  """Logits at position i seeing only positions 0..i (later ones are padding, -1), and the
+  selections made there: experts [B, k] and blocks [B, K, n] per layer."""
+  arange_t = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)
+  positions_bt = jnp.broadcast_to(jnp.where(arange_t <= i, arange_t, -1), tokens_bt.shape)
+  logits_btv, _, aux = model.forward(params, tokens_bt, positions_bt, None, replay)
+  take = lambda x, axis: jax.lax.dynamic_index_in_dim(x, i, axis=axis, keepdims=False)
+  record = tuple({k: take(layer[k], 1 if k == "experts" else 2) for k in ("experts", "blocks")
+                  if k in layer} for layer in aux["layers"])
+  return take(logits_btv, 1), record
+
+
+def uncached_sampler(model, params, tokens, prompt_len, temperature=1.0, keep_btv=None,
+                     replay=None):
+  """A naive sampler, teacher-forced on `tokens`: one uncached forward per position on the
+  prefix up to it, then float64 numpy log-softmax of logits / temperature, truncated to the
+  target-aligned support keep_btv[:, t] (an all-False row: no truncation). `replay` forces
+  the sampler's own selections (e.g. a staler router's). Returns target-aligned float32
+  log-probs [B, T] of tokens prompt_len.. (0 before) and the selections of every position."""
+  tokens = np.asarray(tokens)
+  b, t = tokens.shape
+  temperature_b = np.broadcast_to(np.asarray(temperature, np.float64), (b,))
+  logp_bt = np.zeros((b, t))
+  records = []
+  for i in range(t):
+    logits_bv, record = _prefix_step(model, params, jnp.asarray(tokens), i, replay)
+    records.append(record)
+    if not prompt_len - 1 <= i < t - 1:
+      continue
+    z_bv = np.asarray(logits_bv, np.float64) / temperature_b[:, None]
+    if keep_btv is not None:
+      keep_bv = np.asarray(keep_btv[:, i + 1])
+      z_bv = np.where(keep_bv | ~keep_bv.any(-1, keepdims=True), z_bv, -np.inf)
+    z_bv = z_bv - z_bv.max(-1, keepdims=True)
+    logp_bv = z_bv - np.log(np.exp(z_bv).sum(-1, keepdims=True))
+    logp_bt[:, i + 1] = logp_bv[np.arange(b), tokens[:, i + 1]]
+  replay_out = tuple(
+      {k: jnp.stack([r[layer][k] for r in records], axis=1 if k == "experts" else 2)
+       for k in records[0][layer]} for layer in range(len(records[0])))
+  return logp_bt.astype(np.float32), replay_out

@@ -31,6 +31,8 @@ def test_the_shipped_base_is_complete():
   assert base["command"].startswith("python -m launch.train --config configs/sft_base.py")
   assert base["sft_steps"] > 0 and base["heldout_episodes"] >= 256
   assert 0 < base["heldout_solve_rate_sft"] <= base["heldout_pass_at_k_sft"] <= 1
+  assert base["params_sha256"] == params_file.file_sha256(
+      os.path.join(BASE, params_file.PARAMS_FILE))
   with open(os.path.join(BASE, "config.json")) as f:
     assert json.load(f)["model"]["d_model"] == quickstart.get_config().model.d_model
 

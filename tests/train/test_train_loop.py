@@ -5,13 +5,18 @@ that time things (seconds, per-second rates) differ between runs; every other
 metric of a resumed run must equal the uninterrupted run's, and so must the final params.
 """
 
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import types
 
+import jax
+import ml_collections
+import numpy as np
 import pytest
 
 from tests.train.run_train import TINY_CONFIG as _CONFIG_SCRIPT
@@ -86,6 +91,76 @@ def test_run_writes_summary_logs_and_checkpoints(uninterrupted):
                           os.path.join(workdir, "audit.0.jsonl")], env=_env(),
                          capture_output=True, text=True)
   assert audit.returncode == 0, audit.stdout + audit.stderr
+  _check_values(workdir, summary, metrics)
+
+
+def _check_values(workdir, summary, metrics):
+  """The run's numbers against each other, its checkpoint and hand computations."""
+  from agentic_rl.train.checkpointing import Checkpointer, resolve_checkpoint
+  config = summary["config"]
+  rl = [m for m in metrics if "rollout/reward_mean" in m]
+  # Held-out scores: the start's (logged once SFT handed over) and the last evaluation's.
+  start = [m for m in metrics if "heldout_sft/solve_rate" in m]
+  evals = [m for m in rl if "heldout/solve_rate" in m]
+  assert [m["step"] for m in start] == [2] and [m["step"] for m in evals] == [4, 5]
+  assert summary["heldout_solve_rate_sft"] == start[0]["heldout_sft/solve_rate"]
+  assert summary["heldout_solve_rate_final"] == evals[-1]["heldout/solve_rate"]
+  assert summary["heldout_pass_at_k_final"] == evals[-1]["heldout/pass_at_k"]
+  # The gain, paired per task, by hand from the checkpoint's per-task solves.
+  directory, step = resolve_checkpoint(workdir)
+  reader = Checkpointer(directory, read_only=True)
+  raw = reader._manager.restore(step)
+  reader.close()
+  extras = raw["extras"]
+  before = (np.asarray(extras["heldout_sft"]["heldout/solves_per_task"])
+            / extras["heldout_sft"]["heldout/samples_per_task"])
+  after = (np.asarray(extras["heldout_last"]["heldout/solves_per_task"])
+           / extras["heldout_last"]["heldout/samples_per_task"])
+  assert len(before) == len(after) == config["train"]["eval_tasks"]
+  assert before.mean() == pytest.approx(summary["heldout_solve_rate_sft"])
+  assert after.mean() == pytest.approx(summary["heldout_solve_rate_final"])
+  diff = after - before
+  stderr = diff.std(ddof=1) / np.sqrt(len(diff))
+  assert summary["heldout_gain"] == pytest.approx(diff.mean(), abs=1e-12)
+  assert summary["heldout_gain_stderr"] == pytest.approx(stderr, abs=1e-12)
+  assert summary["heldout_gain_ci95"] == pytest.approx(
+      [diff.mean() - 1.959964 * stderr, diff.mean() + 1.959964 * stderr], abs=1e-12)
+  # The summary's params are the checkpoint's: its digest recomputed from the saved arrays.
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(raw["state"]["train"]["params"]):
+    digest.update(jax.tree_util.keystr(path).encode())
+    digest.update(np.ascontiguousarray(leaf).tobytes())
+  assert summary["params_sha256"] == digest.hexdigest()
+  # Mismatch KL: the mean and max of the steps' k3.
+  k3 = [m["mismatch/k3"] for m in rl]
+  assert summary["mismatch_kl_mean"] == pytest.approx(np.mean(k3))
+  assert summary["mismatch_kl_max"] == pytest.approx(np.max(k3))
+  # Per RL step: every sampled episode counted, PPO updates, the learning rate by hand
+  # (linear warmup over rollout batches, then cosine), and the loss as its terms.
+  c_rl, optim = config["rl"], config["rl"]["optim"]
+  episodes = config["train"]["groups_per_step"] * config["rollout"]["group_size"]
+  peak, warmup, decay = optim["learning_rate"], optim["warmup_steps"], optim["decay_steps"]
+  end = peak * optim["end_lr_ratio"]
+  for n, m in enumerate(rl):
+    # One sampling round (tiny config): every group of the step sampled once.
+    assert m["rollout/episodes"] == episodes and m["batch/episodes"] <= episodes
+    assert 0 <= m["rollout/solve_rate"] <= m["rollout/reward_mean"] <= 1
+    assert m["updates"] == c_rl["ppo_epochs"] * c_rl["minibatches"]
+    if n < warmup:
+      lr = peak * n / warmup
+    else:
+      lr = end + (peak - end) * 0.5 * (1 + np.cos(np.pi * (n - warmup) / (decay - warmup)))
+    assert m["learning_rate"] == pytest.approx(lr, rel=1e-5, abs=1e-12), n
+    loss = m["pg_loss"] - c_rl["loss"]["entropy_coef"] * m["entropy"] + m["moe_aux_loss"]
+    loss += c_rl["loss"]["kl_coef"] * m["kl_to_ref"]
+    loss += c_rl["loss"]["value_coef"] * m.get("value_loss", 0.0)
+    assert m["loss"] == pytest.approx(loss, rel=1e-4, abs=1e-6), n
+    assert m["clip_frac_first_epoch"] == 0.0  # Ratio 1 at each batch's first update.
+    assert m["mismatch/routing_agreement"] == 1.0
+  # The KL reference is SFT's final policy: the first batch trains at learning rate 0
+  # (warmup), so its KL is 0; then the policy moves off it.
+  assert rl[0]["learning_rate"] == 0.0 and abs(rl[0]["kl_to_ref"]) < 1e-9
+  assert rl[-1]["kl_to_ref"] > 0
 
 
 @pytest.mark.slow
@@ -173,3 +248,32 @@ def test_sft_schedule_spans_the_sft_steps_not_the_rl_phase(tmp_path):
     trainer._route.engine.close()
     trainer._route.eval_engine.close()
     trainer.audit.close()
+
+
+def test_summary_gain_is_final_minus_start_hand_computed():
+  """summary.json's held-out gain on a hand example: after minus before, paired per task."""
+  from agentic_rl.train.loop import Trainer
+
+  # Start: 2 samples per task, solves 0, 1, 2 (means 0, 1/2, 1; pass@1 1/2). Final: 4
+  # samples, solves 2, 1, 4 (means 1/2, 1/4, 1; pass@1 7/12). Per-task differences
+  # +1/2, -1/4, 0: gain +1/12; their sample variance (25 + 16 + 1) / 144 / 2 = 21/144,
+  # so stderr = sqrt(21) / 12 / sqrt(3) = sqrt(7) / 12.
+  start = {"heldout/solves_per_task": [0, 1, 2], "heldout/samples_per_task": 2,
+           "heldout/solve_rate": 0.5}
+  final = {"heldout/solves_per_task": [2, 1, 4], "heldout/samples_per_task": 4,
+           "heldout/solve_rate": 7 / 12}
+  extras = {"heldout_sft": start, "heldout_last": final, "rl_step": 3, "sft_step": 2,
+            "mismatch_kl": [1e-3, float("nan"), 3e-3]}
+  # _summary reads only these two of the trainer's attributes.
+  trainer = types.SimpleNamespace(_same_eval_settings=lambda scores: True,
+                                  base_config=ml_collections.ConfigDict({"seed": 0}))
+  summary = Trainer._summary(trainer, extras, time.time(), {"w": np.zeros(2, np.float32)})
+  stderr = np.sqrt(7) / 12
+  assert summary["heldout_gain"] == pytest.approx(1 / 12)
+  assert summary["heldout_gain"] == pytest.approx(
+      summary["heldout_solve_rate_final"] - summary["heldout_solve_rate_sft"])
+  assert summary["heldout_gain_stderr"] == pytest.approx(stderr)
+  assert summary["heldout_gain_ci95"] == pytest.approx(
+      [1 / 12 - 1.959964 * stderr, 1 / 12 + 1.959964 * stderr])
+  assert summary["mismatch_kl_mean"] == pytest.approx(2e-3)
+  assert summary["mismatch_kl_max"] == pytest.approx(3e-3)
