@@ -7,6 +7,11 @@ Positions, not indices, decide visibility: a key at position p_k is visible
 to a query at p_q when 0 <= p_k <= p_q (and p_q - p_k < W for a window).
 Position -1 marks padding; a query that sees no key gets a zero output, never
 NaN, so padded rows stay finite under autodiff.
+
+Masking is by select, never by a multiply with a zero weight: a key or value a
+query cannot see (a stale cache slot, a future token) cannot reach its output
+even when it is NaN or inf (0 * NaN is NaN). A non-finite key or value a query
+does see still makes that query's output NaN.
 """
 
 from __future__ import annotations
@@ -32,10 +37,20 @@ def masked_attention(q_bthd, k_bshd, v_bshd, mask_bts):
   q_btkgd = _group_queries(q_bthd, num_kv_heads).astype(jnp.float32)
   k_bskd = k_bshd.astype(jnp.float32)
   v_bskd = v_bshd.astype(jnp.float32)
+  # K/V are shared by every query, so they cannot be masked per query before the
+  # products: zero the non-finite ones by select, and put NaN back only where a
+  # query sees one.
+  finite_bsk = (jnp.all(jnp.isfinite(k_bskd), axis=-1)
+                & jnp.all(jnp.isfinite(v_bskd), axis=-1))
+  k_bskd = jnp.where(finite_bsk[..., None], k_bskd, 0.0)
+  v_bskd = jnp.where(finite_bsk[..., None], v_bskd, 0.0)
   scores_bkgts = jnp.einsum("btkgd,bskd->bkgts", q_btkgd, k_bskd) / jnp.sqrt(jnp.float32(d))
   mask_b11ts = mask_bts[:, None, None, :, :]
   p_bkgts = safe_softmax(scores_bkgts, mask_b11ts)
   o_btkgd = jnp.einsum("bkgts,bskd->btkgd", p_bkgts, v_bskd)
+  sees_bad_btk = jnp.einsum("bts,bsk->btk", mask_bts.astype(jnp.float32),
+                            (~finite_bsk).astype(jnp.float32)) > 0
+  o_btkgd = jnp.where(sees_bad_btk[..., None, None], jnp.nan, o_btkgd)
   return o_btkgd.reshape(b, t, h, d).astype(q_bthd.dtype)
 
 
@@ -74,16 +89,23 @@ def local_window_attention(q_bthd, k_bthd, v_bthd, pos_bt, *, window):
   """Uncached sliding-window self-attention in O(T * W) instead of O(T^2).
 
   Same result as `sliding_window_attention(q, k, v, pos, pos, window=window)`
-  when each row's positions are unique and in [0, T) (-1 padding), the
-  training contract. Tokens are laid out by position in chunks of `window`;
-  a query's window then lies in its own chunk and the one before.
+  when each row's valid positions are distinct (-1 padding), wherever they
+  start and whatever their gaps or order. Tokens are laid out in chunks of
+  `window` by their rank among the row's positions: distinct positions less
+  than W apart are less than W ranks apart, so a query's window lies in its
+  own chunk and the one before.
   """
   b, t, h, d = q_bthd.shape
   c = max(1, min(window, t))
   n = -(-t // c)
   s = n * c
   rows = jnp.arange(b)[:, None]
-  slot_bt = jnp.where(pos_bt >= 0, pos_bt, s)  # Padding goes to a dropped slot.
+  valid_bt = pos_bt >= 0
+  # Not the position itself: a row starting past 0 would run off the T slots.
+  order_bt = jnp.argsort(jnp.where(valid_bt, pos_bt, jnp.iinfo(jnp.int32).max), axis=1)
+  rank_bt = jnp.zeros((b, t), jnp.int32).at[rows, order_bt].set(
+      jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)))
+  slot_bt = jnp.where(valid_bt, rank_bt, s)  # Padding goes to a dropped slot.
 
   def by_position(x_bt_):
     buf = jnp.zeros((b, s) + x_bt_.shape[2:], x_bt_.dtype)
@@ -103,8 +125,8 @@ def local_window_attention(q_bthd, k_bthd, v_bthd, pos_bt, *, window):
   o_bs = masked_attention(q_bs.reshape((b * n, c) + q_bs.shape[2:]),
                           with_previous_chunk(k_bs, 0), with_previous_chunk(v_bs, 0),
                           mask).reshape(b, s, h, d)
-  o_bthd = o_bs[rows, jnp.clip(pos_bt, 0, s - 1)]
-  return jnp.where((pos_bt >= 0)[..., None, None], o_bthd, 0).astype(q_bthd.dtype)
+  o_bthd = o_bs[rows, jnp.minimum(slot_bt, s - 1)]
+  return jnp.where(valid_bt[..., None, None], o_bthd, 0).astype(q_bthd.dtype)
 
 
 def block_means(k_bshd, lengths_b, *, block_size):
@@ -121,9 +143,10 @@ def block_means(k_bshd, lengths_b, *, block_size):
 
 
 def _masked_block_mean(k_bnlkd, valid_bnl):
-  w = valid_bnl.astype(jnp.float32)[..., None, None]
-  total = jnp.sum(k_bnlkd.astype(jnp.float32) * w, axis=2)
-  count = jnp.sum(w, axis=2)
+  valid = valid_bnl[..., None, None]
+  # Select, not a 0/1 weight: a NaN in a slot past the length must not reach the mean.
+  total = jnp.sum(jnp.where(valid, k_bnlkd.astype(jnp.float32), 0.0), axis=2)
+  count = jnp.sum(valid.astype(jnp.float32), axis=2)
   return total / jnp.maximum(count, 1.0)
 
 
@@ -132,7 +155,8 @@ def block_scores(q_bthd, block_keys_bnkd, q_pos_bt, *, block_size):
 
   Scoring rule: the group's mean query dotted with the block's mean key,
   scaled by 1/sqrt(D). Past blocks keep their score, the query's own block
-  scores +inf (always selected), future blocks -inf (never selected).
+  scores +inf, future blocks -inf (never selected). `select_blocks` does not
+  rely on the +inf: it puts the own block first by construction.
   """
   num_kv_heads = block_keys_bnkd.shape[2]
   d = q_bthd.shape[-1]
@@ -149,20 +173,31 @@ def block_scores(q_bthd, block_keys_bnkd, q_pos_bt, *, block_size):
 def select_blocks(q_bthd, block_keys_bnkd, q_pos_bt, *, block_size, num_selected):
   """Top-n block indices [B, K, T, n] per query group; -1 marks an unused slot.
 
-  A slot is unused when the query has fewer than n visible blocks (its own
-  block and the ones before it). Selection stays in XLA (lax.top_k): no
-  Pallas backend lowers top-k.
+  Slot 0 holds the query's own block; the other n - 1 slots hold its
+  highest-scoring past blocks (a NaN score ranks lowest; ties go to the lower
+  index). A slot is unused when the query has fewer than n visible blocks,
+  and every slot when the query is padding or its own block lies past the
+  key buffer. Selection stays in XLA (lax.top_k): no Pallas backend lowers top-k.
   """
-  scores_bktn = block_scores(q_bthd, block_keys_bnkd, q_pos_bt, block_size=block_size)
-  num_blocks = scores_bktn.shape[-1]
+  num_blocks = block_keys_bnkd.shape[1]
+  own_bt = jnp.where(q_pos_bt >= 0, q_pos_bt // block_size, -1)
+  own_bt = jnp.where(own_bt < num_blocks, own_bt, -1).astype(jnp.int32)
+  # The own block by construction, not by its +inf score: top_k ranks NaN above
+  # +inf, and a past +inf (an overflow) ties with it and wins on the lower index.
+  own_bkt1 = jnp.broadcast_to(own_bt[:, None, :, None],
+                              (q_pos_bt.shape[0], block_keys_bnkd.shape[2],
+                               q_pos_bt.shape[1], 1))
   n = min(num_selected, num_blocks)
-  _, idx = jax.lax.top_k(scores_bktn, n)
-  own = jnp.where(q_pos_bt >= 0, q_pos_bt // block_size, -1)[:, None, :, None]
-  idx = jnp.where(idx <= own, idx, -1).astype(jnp.int32)
+  parts = [own_bkt1]
+  if n > 1:
+    scores_bktn = block_scores(q_bthd, block_keys_bnkd, q_pos_bt, block_size=block_size)
+    blk = jnp.arange(num_blocks)
+    past_bktn = jnp.where((blk < own_bkt1) & ~jnp.isnan(scores_bktn), scores_bktn, _NEG_INF)
+    _, idx = jax.lax.top_k(past_bktn, n - 1)  # Ties (-inf too) go to the lower index.
+    parts.append(jnp.where(idx < own_bkt1, idx, -1).astype(jnp.int32))
   if n < num_selected:
-    pad = jnp.full(idx.shape[:-1] + (num_selected - n,), -1, jnp.int32)
-    idx = jnp.concatenate([idx, pad], axis=-1)
-  return idx
+    parts.append(jnp.full(own_bkt1.shape[:-1] + (num_selected - n,), -1, jnp.int32))
+  return jnp.concatenate(parts, axis=-1)
 
 
 def block_sparse_attention(q_bthd, k_bshd, v_bshd, blocks_bktn, q_pos_bt, *, block_size):
@@ -182,8 +217,9 @@ def block_sparse_attention(q_bthd, k_bshd, v_bshd, blocks_bktn, q_pos_bt, *, blo
   k_bksd = jnp.swapaxes(k_bshd, 1, 2).astype(jnp.float32)
   v_bksd = jnp.swapaxes(v_bshd, 1, 2).astype(jnp.float32)
   gather = jax.vmap(jax.vmap(lambda kv_sd, idx_tl: kv_sd[idx_tl]))  # over B, K
-  k_bktld = gather(k_bksd, tok_bktl)
-  v_bktld = gather(v_bksd, tok_bktl)
+  # Gathered per query, so masked slots (future or stale tokens) are dropped by select.
+  k_bktld = jnp.where(valid_bktl[..., None], gather(k_bksd, tok_bktl), 0.0)
+  v_bktld = jnp.where(valid_bktl[..., None], gather(v_bksd, tok_bktl), 0.0)
   q_bkgtd = jnp.transpose(_group_queries(q_bthd, num_kv_heads), (0, 2, 3, 1, 4)).astype(
       jnp.float32)
   scores = jnp.einsum("bkgtd,bktld->bkgtl", q_bkgtd, k_bktld) / jnp.sqrt(jnp.float32(d))

@@ -8,7 +8,9 @@ output, the updated cache and what it selected:
     y_btd, new_layer_cache, aux = Attention(spec, layer_type)(
         x_btd, positions_bt, layer_cache, lengths_b, forced_blocks_bktn)
 
-Without a cache the chunk is the whole sequence and positions start at 0.
+Without a cache the chunk is the whole sequence: S and F layers take its
+positions wherever they start; G layers index keys by position in a buffer
+of T rounded up to a block, so their sequences start at position 0.
 """
 
 from __future__ import annotations

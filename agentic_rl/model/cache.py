@@ -121,13 +121,31 @@ def update_block_keys(block_keys_bnkd, k_bskd, positions_bt, lengths_b, *, block
 
 
 def reset_sequences(cache: dict, reset_b) -> dict:
-  """Empties the sequences where `reset_b` is True (a slot taking a new task)."""
-  def reset_layer(layer):
-    if "pos" not in layer:  # Full caches are masked by position; only rings need clearing.
-      return layer
-    return dict(layer, pos=jnp.where(reset_b[:, None], -1, layer["pos"]))
+  """Empties the sequences where `reset_b` is True (a slot taking a new task).
+
+  Clears every buffer of those rows, not only what the masks read (lengths, ring
+  positions): a NaN or inf the old sequence left in a key, value or block summary
+  must not outlive it, whatever a kernel does with masked slots.
+  """
+  b = reset_b.shape[0]
+  # Rows kept point past the end and are dropped: only the reset rows are written,
+  # not a pass over the whole cache.
+  rows_b = jnp.where(reset_b, jnp.arange(b), b)
+
+  def reset_leaf(x):
+    empty = -1 if x.dtype == jnp.int32 else 0  # Ring positions: -1 marks an empty slot.
+    return x.at[rows_b].set(jnp.asarray(empty, x.dtype), mode="drop")
   return {"lengths": jnp.where(reset_b, 0, cache["lengths"]),
-          "layers": tuple(reset_layer(l) for l in cache["layers"])}
+          "layers": jax.tree.map(reset_leaf, cache["layers"])}
+
+
+def capacity(cache: dict) -> int | None:
+  """Positions a cache can hold (its full buffers' length, a static shape), or None
+  when it has only ring buffers (S layers), which hold any position."""
+  for layer in cache["layers"]:
+    if "pos" not in layer:
+      return int(layer["k"].shape[1])
+  return None
 
 
 def gather_sequences(cache: dict, index_b) -> dict:

@@ -10,6 +10,13 @@
 * Decode: one token per sequence, at position `cache["lengths"]`
   (-1 for a slot that sits this step out).
 
+Ids must lie in [0, vocab_size) and positions in [0, capacity) or be -1;
+a cached call feeds each row exactly its next positions. `Model.forward`
+checks this on the host when its inputs are concrete (`check_inputs`), and
+raises a ValueError naming the bad entry. Under jit the arrays are tracers:
+callers check on the host before dispatch (rollout/device_steps.py), and the
+forward marks the logits of a bad id or position NaN rather than answer.
+
 `aux["layers"][i]` holds what layer i chose: "experts" [B, T, k] for MoE
 layers and "blocks" [B, K, T, n] for sparse layers. Passed back as `replay`
 (the same tuple, any subset of entries), they force the same routing and
@@ -18,11 +25,13 @@ block selection.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from agentic_rl.model import cache as cache_lib
 from agentic_rl.model import moe as moe_lib
@@ -31,6 +40,94 @@ from agentic_rl.model.config import ModelSpec
 from agentic_rl.model.feedforward import DenseFeedForward
 
 Replay = tuple[dict[str, jax.Array], ...]
+
+# The read-out accumulates in float32 whatever the compute dtype: a bf16 result would
+# round every logit by up to 2^-9 of its size before the cast.
+_dot_general_f32 = functools.partial(jax.lax.dot_general, preferred_element_type=jnp.float32)
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def position_capacity(spec: ModelSpec, cache, num_tokens: int) -> int | None:
+  """Positions a call can hold: the cache's capacity; without a cache, the key buffer
+  of the G layers (the chunk rounded up to a block); None when nothing bounds them."""
+  if cache is not None:
+    return cache_lib.capacity(cache)
+  if "G" in spec.layer_types:
+    return _round_up(num_tokens, spec.block_size)
+  return None
+
+
+def _at(index) -> str:
+  b, t = (int(i) for i in index)
+  return f"at row {b}, index {t}"
+
+
+def check_inputs(spec: ModelSpec, tokens_bt, positions_bt, *, lengths_b=None,
+                 capacity: int | None = None, cached: bool = True) -> None:
+  """Raises ValueError for ids or positions the forward would silently mishandle.
+
+  Host-side, on concrete int arrays (pass host copies: a device array is read back).
+  * every id, padding included, lies in [0, vocab_size);
+  * every position is >= 0, or -1 (padding), and below `capacity`;
+  * a row holds each position once;
+  * with `lengths_b` (what each cache row holds), a row that feeds tokens feeds
+    exactly its next positions lengths_b[b], lengths_b[b] + 1, ... in any order.
+  cached=False words the capacity error for an uncached call (the G key buffer).
+  """
+  tokens = np.asarray(tokens_bt)
+  positions = np.asarray(positions_bt)
+  if tokens.ndim != 2 or tokens.shape != positions.shape:
+    raise ValueError(f"tokens {tokens.shape} and positions {positions.shape} must have the "
+                     "same [B, T] shape.")
+  bad = (tokens < 0) | (tokens >= spec.vocab_size)
+  if bad.any():
+    i = np.argwhere(bad)[0]
+    raise ValueError(f"token id {tokens[tuple(i)]} {_at(i)} is outside the vocabulary "
+                     f"[0, {spec.vocab_size}) (config.model.vocab_size).")
+  bad = positions < -1
+  if bad.any():
+    i = np.argwhere(bad)[0]
+    raise ValueError(f"position {positions[tuple(i)]} {_at(i)} is invalid: positions are "
+                     ">= 0, and -1 marks padding.")
+  if capacity is not None and (positions >= capacity).any():
+    i = np.argwhere(positions >= capacity)[0]
+    p = positions[tuple(i)]
+    if cached:
+      raise ValueError(f"position {p} {_at(i)} is at or past the cache capacity {capacity} "
+                       f"(positions 0..{capacity - 1}): the token would not be stored. "
+                       "Allocate a longer cache (init_cache max_len) or end the sequence.")
+    raise ValueError(f"position {p} {_at(i)} is past the uncached sparse (G) layers' key "
+                     f"buffer of {capacity} positions (T={positions.shape[1]} rounded up to "
+                     f"block_size {spec.block_size}): without a cache, a model with G "
+                     "layers takes sequences from position 0.")
+  t = positions.shape[1]
+  valid = positions >= 0
+  never = np.iinfo(np.int64).max
+  sorted_bt = np.sort(np.where(valid, positions.astype(np.int64), never), axis=1)
+  if lengths_b is None:
+    repeat = (sorted_bt[:, 1:] == sorted_bt[:, :-1]) & (sorted_bt[:, 1:] != never)
+    if repeat.any():
+      b, i = np.argwhere(repeat)[0]
+      raise ValueError(f"row {b} holds position {sorted_bt[b, i]} twice; a row holds each "
+                       "position once.")
+    return
+  lengths = np.asarray(lengths_b).astype(np.int64)
+  if lengths.shape != (positions.shape[0],):
+    raise ValueError(f"lengths {lengths.shape} do not match the batch of positions "
+                     f"{positions.shape}.")
+  n_b = valid.sum(axis=1)
+  follows = (sorted_bt == lengths[:, None] + np.arange(t)) | (np.arange(t) >= n_b[:, None])
+  for b in np.nonzero(~follows.all(axis=1))[0]:
+    fed = positions[b][valid[b]]
+    shown = ", ".join(str(p) for p in fed[:8]) + (", ..." if len(fed) > 8 else "")
+    n = lengths[b]
+    raise ValueError(f"row {b} feeds position{'s' if len(fed) > 1 else ''} {shown} but its "
+                     f"cache holds {n} tokens: a cached call feeds a row its next positions "
+                     f"{n}, {n + 1}, {n + 2}, ... once each (no gap, no rewind); -1 sits a "
+                     "row out.")
 
 
 class Block(nn.Module):
@@ -73,6 +170,13 @@ class Transformer(nn.Module):
                      embedding_init=nn.initializers.normal(stddev=spec.d_model ** -0.5),
                      name="embed")
     x_btd = embed(tokens_bt)
+    # Under jit the host check cannot run: a bad id or position gives NaN, not an answer.
+    # (take already fills ids >= vocab with NaN; a negative one would wrap.)
+    x_btd = jnp.where((tokens_bt < 0)[..., None], jnp.nan, x_btd)
+    capacity = position_capacity(spec, cache, tokens_bt.shape[1])
+    bad_pos_bt = positions_bt < -1
+    if capacity is not None:
+      bad_pos_bt |= positions_bt >= capacity
     lengths_b = None
     if cache is not None:
       lengths_b = cache_lib.new_lengths(cache["lengths"], positions_bt)
@@ -88,10 +192,14 @@ class Transformer(nn.Module):
     x_btd = nn.RMSNorm(epsilon=spec.norm_eps, dtype=spec.dtype, param_dtype=spec.param_dtype,
                        name="final_norm")(x_btd)
     if spec.tie_embeddings:
-      logits_btv = embed.attend(x_btd)
+      dtype = jnp.dtype(spec.dtype)
+      logits_btv = jnp.einsum("btd,vd->btv", x_btd.astype(dtype), embed.embedding.astype(dtype),
+                              preferred_element_type=jnp.float32)
     else:
       logits_btv = nn.Dense(spec.vocab_size, use_bias=False, dtype=spec.dtype,
-                            param_dtype=spec.param_dtype, name="unembed")(x_btd)
+                            param_dtype=spec.param_dtype, dot_general=_dot_general_f32,
+                            name="unembed")(x_btd)
+    logits_btv = jnp.where(bad_pos_bt[..., None], jnp.nan, logits_btv.astype(jnp.float32))
     aux = {"layers": tuple(layer_aux), "moe_aux_loss": moe_loss}
     if spec.value_head:
       # The critic shares the trunk: one linear read-out of the final hidden state.
@@ -101,7 +209,7 @@ class Transformer(nn.Module):
     new_cache = None
     if cache is not None:
       new_cache = {"lengths": lengths_b, "layers": tuple(new_layer_caches)}
-    return logits_btv.astype(jnp.float32), new_cache, aux
+    return logits_btv, new_cache, aux
 
 
 class Model:
@@ -123,9 +231,16 @@ class Model:
     return self.module.init(rng, tokens, positions)["params"]
 
   def forward(self, params, tokens_bt, positions_bt, cache=None, replay: Replay | None = None):
+    """See the module docstring. Concrete inputs are checked first (`check_inputs`);
+    traced ones (under jit) are not, so a jitted caller pays nothing."""
     if replay is not None and len(replay) != self.spec.num_layers:
       raise ValueError(f"replay has {len(replay)} layer entries; the model has "
                        f"{self.spec.num_layers} layers.")
+    lengths_b = None if cache is None else cache["lengths"]
+    if not any(isinstance(x, jax.core.Tracer) for x in (tokens_bt, positions_bt, lengths_b)):
+      check_inputs(self.spec, tokens_bt, positions_bt, lengths_b=lengths_b,
+                   capacity=position_capacity(self.spec, cache, np.shape(positions_bt)[-1]),
+                   cached=cache is not None)
     return self.module.apply({"params": params}, tokens_bt, positions_bt, cache, replay)
 
   def init_cache(self, batch_size: int, max_len: int | None = None) -> dict:

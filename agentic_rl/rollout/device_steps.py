@@ -19,6 +19,13 @@ recompiles during a run; `trace_counts` counts traces (one per compilation).
 
 Sampling keys: the token drawn after position p of a trajectory with seed s
 uses fold_in(key(s), p + 1), whichever call (prefill, decode, fork) draws it.
+
+Input checks: inside jit `model.forward` cannot raise, so `decode` and
+`prefill` check host (numpy) ids and positions before dispatch
+(`transformer.check_inputs`: ids in the vocabulary, positions below the
+cache capacity, and, given the caller's host record of the cache lengths,
+each row's next positions). That reads no device value: the engine keeps
+the lengths on the host. Device arrays are passed through unchecked.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from agentic_rl.model import cache as cache_lib
 from agentic_rl.model import transformer
@@ -72,22 +80,47 @@ class DeviceSteps:
 
   # -- composite steps (host-side sequencing of the jitted pieces) ---------------------------
 
-  def decode(self, params, cache, tokens_b, positions_b, seeds_b, forced_b):
+  def decode(self, params, cache, tokens_b, positions_b, seeds_b, forced_b, lengths_b=None):
     """Feeds one token per row at `positions_b` (-1: sits out) and draws the next.
 
-    Host (numpy) inputs are reshaped on the host: no extra device op per step.
+    Host (numpy) inputs are reshaped and checked on the host: no extra device op per
+    step. lengths_b: the caller's host record of each row's cache length, to check
+    that every row feeds its next position.
     """
-    return self.forward_and_sample(params, cache, tokens_b.reshape(-1, 1),
-                                   positions_b.reshape(-1, 1), seeds_b, forced_b)
+    tokens_bt, positions_bt = tokens_b.reshape(-1, 1), positions_b.reshape(-1, 1)
+    self.check_inputs(cache, tokens_bt, positions_bt, forced_b, lengths_b)
+    return self.forward_and_sample(params, cache, tokens_bt, positions_bt, seeds_b, forced_b)
 
-  def prefill(self, params, cache, rows_p, tokens_pc, positions_pc, seeds_p, forced_p):
-    """Appends one chunk to each of the distinct rows `rows_p`; all -1 rows sit out."""
+  def prefill(self, params, cache, rows_p, tokens_pc, positions_pc, seeds_p, forced_p,
+              lengths_p=None):
+    """Appends one chunk to each of the distinct rows `rows_p`; all -1 rows sit out.
+
+    lengths_p: the caller's host record of the cache lengths of rows `rows_p`."""
     if tokens_pc.shape[1] != self.chunk:
       raise ValueError(f"prefill chunk has {tokens_pc.shape[1]} tokens; these steps "
                        f"compile chunks of {self.chunk} (pad with position -1).")
+    self.check_inputs(cache, tokens_pc, positions_pc, forced_p, lengths_p)
     sub = self.gather_rows(cache, rows_p)
     sub, out = self.forward_and_sample(params, sub, tokens_pc, positions_pc, seeds_p, forced_p)
     return self.scatter_rows(cache, rows_p, sub), out
+
+  def check_inputs(self, cache, tokens_bt, positions_bt, forced_b, lengths_b=None) -> None:
+    """Raises ValueError on a bad id, forced id or position in host (numpy) inputs."""
+    if not (isinstance(tokens_bt, np.ndarray) and isinstance(positions_bt, np.ndarray)):
+      return  # Reading device arrays back would wait for the device.
+    transformer.check_inputs(self.model.spec, tokens_bt, positions_bt, lengths_b=lengths_b,
+                             capacity=cache_lib.capacity(cache))
+    if isinstance(forced_b, np.ndarray):
+      self.check_forced(forced_b)
+
+  def check_forced(self, forced_b: np.ndarray) -> None:
+    """Forced (teacher) ids must be in the vocabulary, or -1 (draw)."""
+    vocab = self.model.spec.vocab_size
+    bad = (forced_b < -1) | (forced_b >= vocab)
+    if bad.any():
+      b = int(np.argmax(bad))
+      raise ValueError(f"forced token id {forced_b[b]} at row {b} is outside the "
+                       f"vocabulary [0, {vocab}) (-1: draw).")
 
   # -- jitted bodies ------------------------------------------------------------------------
 

@@ -231,6 +231,10 @@ class RolloutEngine:
     self.steps = steps
     self.cache = model.init_cache(spec.num_slots, spec.max_len)
     self.store = model.init_cache(spec.prompt_store_rows, spec.max_len)
+    # Host records of each row's cache length, kept apart from the trajectories' own
+    # counts, so each device step checks its positions without reading the device.
+    self._cache_lengths = np.zeros(spec.num_slots, np.int64)
+    self._store_lengths = np.zeros(spec.prompt_store_rows, np.int64)
     self._layer_replay_keys = tuple(
         (("experts",) if model.spec.is_moe_layer(i) else ())
         + (("blocks",) if t == "G" else ())
@@ -417,6 +421,7 @@ class RolloutEngine:
     reset = np.zeros(self.spec.prompt_store_rows, bool)
     reset[group.store_row] = True
     self.store = self.steps.reset_rows(self.store, jnp.asarray(reset))
+    self._store_lengths[group.store_row] = 0
     self._prefill_queue.append(group)
 
   def _fill_slots(self) -> None:
@@ -441,11 +446,13 @@ class RolloutEngine:
     if member.teacher is not None and not self._queue_teacher_turn(active, member.observation):
       return  # Ended with its prompt alone: the teacher's first action did not tokenize.
     forced = active.forced.popleft() if active.forced else -1
+    self.steps.check_forced(np.asarray([forced]))
     _, version = self._current_params()
     self.cache, sampled = self.steps.fork(
         self.cache, self.store, jnp.int32(group.store_row), jnp.int32(slot),
         group.last_logits_v, jnp.uint32(member.seed), jnp.int32(group.cache_len - 1),
         jnp.int32(forced))
+    self._cache_lengths[slot] = self._store_lengths[group.store_row]
     sampled = jax.device_get(sampled)
     self.stats.forks += 1
     active.builder.begin_turn()
@@ -616,9 +623,11 @@ class RolloutEngine:
         if o.cache_len + len(chunk) == o.builder.length and o.forced:
           forced[i] = o.forced.popleft()
     params, version = self._current_params()
+    lengths = self._store_lengths if to_store else self._cache_lengths
+    rows = np.asarray(rows, np.int32)
     new_cache, out = self.steps.prefill(params, self.store if to_store else self.cache,
-                                        np.asarray(rows, np.int32), tokens, positions, seeds,
-                                        forced)
+                                        rows, tokens, positions, seeds, forced, lengths[rows])
+    _advance_lengths(lengths, rows, positions)
     if to_store:
       self.store = new_cache
     else:
@@ -662,7 +671,9 @@ class RolloutEngine:
       if a.state is SlotState.DECODE and a.forced:
         forced[a.slot] = a.forced.popleft()
     params, version = self._current_params()
-    self.cache, out = self.steps.decode(params, self.cache, tokens, positions, seeds, forced)
+    self.cache, out = self.steps.decode(params, self.cache, tokens, positions, seeds, forced,
+                                        self._cache_lengths)
+    _advance_lengths(self._cache_lengths, np.arange(s), positions[:, None])
     sampled, replay = jax.device_get((out.sampled, out.replay))
     self.stats.decode_steps += 1
     self.stats.decode_rows += len(rows)
@@ -717,6 +728,11 @@ class RolloutEngine:
     self._slots = [None] * self.spec.num_slots
     self._groups.clear()
     self._prefill_queue.clear()
+
+
+def _advance_lengths(lengths_r, rows_b, positions_bt) -> None:
+  """The host record of `cache_lib.new_lengths` after a call fed `positions_bt` to rows."""
+  lengths_r[rows_b] = np.maximum(lengths_r[rows_b], positions_bt.max(axis=1) + 1)
 
 
 def _close_reset_env(future: concurrent.futures.Future) -> None:
