@@ -39,9 +39,8 @@ def get_config() -> ml_collections.ConfigDict:
   rl.objective.clip_low = 0.1  # A confident token's probability falls at most 10% a batch.
   rl.optim.learning_rate = 1e-3
   rl.optim.warmup_steps = 2
-  rl.optim.decay_steps = rl.num_steps
+  rl.optim.decay_steps = 0  # The cosine spans the RL phase (rl.num_steps).
   ts = rl.task_selection
-  ts.group_size = config.rollout.group_size
   ts.pool_size = 128
   ts.max_visits = 2  # Each task at most 2 groups: revisited, not memorised.
   ts.max_sampling_rounds = 2

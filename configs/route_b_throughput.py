@@ -17,7 +17,6 @@ def get_config():
   config.model.layer_pattern = "SSSG"
   config.model.cache_dtype = "bfloat16"
   config.rollout.group_size = 8
-  config.rl.task_selection.group_size = 8
   config.rl.correction.type = "tis"
   config.rl.correction.tis_cap = 2.0
   config.rl.replay.blocks = False  # Sampler and learner select blocks independently...

@@ -89,14 +89,13 @@ def get_config() -> ml_collections.ConfigDict:
   rl.optim.learning_rate = 1e-3
   rl.optim.warmup_steps = 2
   rl.optim.decay_steps = 200
-  rl.task_selection.group_size = r.group_size
-  rl.task_selection.heldout_fraction = 0.0  # The env's held-out split is separate seeds.
 
   t = config.train = default_train_config()
   t.sft_steps = 3000  # An upper bound: the validation plateau stops it.
   t.sft_demos = 1024
   t.sft_batch_size = 8
-  t.sft_learning_rate = 5e-3
+  t.sft_optim.learning_rate = 5e-3
+  t.sft_optim.warmup_steps = 2
   t.sft_eval_every = 100
   t.sft_validation_demos = 64
   t.sft_patience = 4

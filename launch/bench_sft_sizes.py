@@ -23,6 +23,7 @@ from absl import flags
 
 from agentic_rl.envs import config as env_config_lib
 from agentic_rl.envs.datasets import SweTaskSource
+from agentic_rl.envs.expert import play_expert
 from agentic_rl.envs.swe_env import SweEnv
 from agentic_rl.model import config as model_config_lib
 from agentic_rl.model import transformer
@@ -30,6 +31,7 @@ from agentic_rl.rl import config as rl_config_lib
 from agentic_rl.rl import train_step as train_step_lib
 from agentic_rl.rollout import config as rollout_config_lib
 from agentic_rl.rollout import tokenizer as tokenizer_lib
+from agentic_rl.train import config as train_config_lib
 from agentic_rl.train import sft as sft_lib
 from launch import config_flag
 
@@ -59,29 +61,31 @@ def main(argv):
   env_config = env_config_lib.validate_env_config(config.env,
                                                   max_turns=config.rollout.max_turns)
   factory = lambda: SweEnv(env_config)
-  tc = config.train
+  tc = train_config_lib.validate_train_config(config.train)
   rows = []
   demos = held = None
   for size in (int(s) for s in _SIZES.value):
     m = sized_model_config(config.model, size)
     spec = model_config_lib.validate(m)
     model = transformer.Model(spec)
-    rollout_spec = rollout_config_lib.validate(config.rollout, spec)
+    rollout_spec = rollout_config_lib.validate(config.rollout, spec, seed=config.seed)
     if demos is None:
       demos = sft_lib.render_demonstrations(
           tokenizer, rollout_spec, factory,
-          [SweTaskSource("train", config=env_config)[i] for i in range(tc.sft_demos)])
+          [SweTaskSource("train", config=env_config)[i] for i in range(tc.sft_demos)],
+          play_expert=play_expert)
       held = sft_lib.render_demonstrations(
           tokenizer, rollout_spec, factory,
-          [SweTaskSource("heldout", config=env_config)[i] for i in range(_HELDOUT.value)])
+          [SweTaskSource("heldout", config=env_config)[i] for i in range(_HELDOUT.value)],
+          play_expert=play_expert)
       demos, held = [d for d in demos if d], [d for d in held if d]
       length = sft_lib.padded_length(max(d.length for d in demos + held),
                                      rollout_spec.max_len)
       arrays = sft_lib.demonstration_arrays(demos, length)
       held_arrays = {k: jnp.asarray(v) for k, v in
                      sft_lib.demonstration_arrays(held, length).items()}
-    rl_spec = rl_config_lib.validate(config.rl, m).replace(
-        learning_rate=tc.sft_learning_rate, decay_steps=max(tc.sft_steps, 2))
+    rl_spec = sft_lib.sft_learner_spec(
+        rl_config_lib.validate(config.rl, m, config.rollout), tc)
     params = model.init(jax.random.key(0))
     optimizer = train_step_lib.make_optimizer(rl_spec)
     state = train_step_lib.init_train_state(model, params, rl_spec).replace(

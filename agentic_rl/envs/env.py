@@ -19,6 +19,9 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 END_REASONS = ("submit", "turn_budget", "time_budget")
+# An episode solves its task when its reward reaches 1 (every graded test passes): what
+# held-out pass@k counts and what the task pool's pass rates track.
+SOLVED_REWARD = 1.0 - 1e-9
 
 
 class StepResult(NamedTuple):

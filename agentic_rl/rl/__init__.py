@@ -10,6 +10,6 @@
   mismatch         k1, k3, |d log p|, outliers, routing and block agreement, by turn/position
   learner          the learner's forward with replay, its loss, mismatch_metrics
   train_step       TrainState, AdamW + warmup-cosine + clipping, micro-batches, guard
-  task_selection   pass-rate tracker, priorities, held-out split and evaluation
+  task_selection   pass-rate tracker, priorities, the revisited task pool
   dynamic_sampling drop groups with equal rewards, refill
 """

@@ -149,17 +149,18 @@ def batch_advantages(spec: RLSpec, rewards_b, group_id_b, loss_mask_bt, process_
   Group statistics span the whole batch, so call this before splitting micro-batches.
   """
   valid_b = sequence_valid(loss_mask_bt)
-  est = spec.estimator
+  a = spec.advantage
+  est = a.estimator
   if est in ("grpo", "grpo_no_std", "dr_grpo"):
     adv_b = grpo_advantages(rewards_b, group_id_b, valid_b, normalize_std=est == "grpo",
-                            eps=spec.adv_eps)
+                            eps=a.eps)
   elif est == "rloo":
     adv_b = rloo_advantages(rewards_b, group_id_b, valid_b)
   elif est == "turn_level":
     return turn_level_advantages(rewards_b, group_id_b, process_reward_bt, turn_index_bt,
                                  loss_mask_bt, max_turns=spec.max_turns,
-                                 turn_gamma=spec.turn_gamma, turn_weight=spec.turn_weight,
-                                 normalize_std=spec.turn_normalize_std, eps=spec.adv_eps)
+                                 turn_gamma=a.turn_gamma, turn_weight=a.turn_weight,
+                                 normalize_std=a.turn_normalize_std, eps=a.eps)
   elif est == "gae":
     raise ValueError("advantage.estimator='gae' needs values: use gae_advantages.")
   else:

@@ -75,20 +75,21 @@ def correction_weights(spec: RLSpec, learner_logp_bt, sampler_logp_bt, mask_bt
     by MIS/IcePop), and for mis_sequence 'corr_rejected_sequences'.
   """
   log_ratio_bt = jax.lax.stop_gradient(learner_logp_bt - sampler_logp_bt) * mask_bt
-  kind = spec.correction
+  c = spec.correction
+  kind = c.type
   extra = {}
   if kind == "none":
     w_bt = jnp.ones_like(log_ratio_bt)
     rejected_bt = jnp.zeros(log_ratio_bt.shape, jnp.bool_)
   elif kind == "tis":
-    w_bt, rejected_bt = tis_weights(log_ratio_bt, spec.tis_cap)
+    w_bt, rejected_bt = tis_weights(log_ratio_bt, c.tis_cap)
   elif kind == "mis_token":
-    w_bt, rejected_bt = masked_token_weights(log_ratio_bt, spec.mis_low, spec.mis_high)
+    w_bt, rejected_bt = masked_token_weights(log_ratio_bt, c.mis_low, c.mis_high)
   elif kind == "icepop":
-    w_bt, rejected_bt = masked_token_weights(log_ratio_bt, spec.icepop_low, spec.icepop_high)
+    w_bt, rejected_bt = masked_token_weights(log_ratio_bt, c.icepop_low, c.icepop_high)
   elif kind == "mis_sequence":
-    w_bt, rejected_bt, _ = masked_sequence_weights(log_ratio_bt, mask_bt, spec.mis_low,
-                                                   spec.mis_high, spec.mis_sequence_ratio)
+    w_bt, rejected_bt, _ = masked_sequence_weights(log_ratio_bt, mask_bt, c.mis_low, c.mis_high,
+                                                   c.mis_sequence_ratio)
     has_tokens_b = mask_bt.sum(1) > 0
     extra["corr_rejected_sequences"] = jnp.sum(
         (rejected_bt[:, 0] & has_tokens_b).astype(jnp.float32))

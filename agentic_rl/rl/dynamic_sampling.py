@@ -2,7 +2,7 @@
 
 A group whose rewards are all equal has zero group-relative advantage
 everywhere, so it adds no policy gradient. `DynamicSampler.collect` asks the
-rollout side for groups of tasks chosen by a `TaskSelector` or `TaskPool`,
+rollout side for groups of tasks chosen by a `TaskPool`,
 records every outcome with the selector (the dropped groups are informative for
 task selection), keeps the groups with differing rewards and asks again until the
 batch is full or `max_sampling_rounds` have run. If still short, it tops the
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from agentic_rl.rl.task_selection import TaskPool, TaskSelector
+from agentic_rl.rl.task_selection import TaskPool
 
 
 def is_informative(rewards: Sequence[float], tol: float = 1e-9) -> bool:
@@ -64,7 +64,7 @@ GenerateFn = Callable[[list, int], Sequence[Group]]
 class DynamicSampler:
   """Fills batches with informative groups; see the module doc."""
 
-  def __init__(self, selector: TaskSelector | TaskPool, generate: GenerateFn):
+  def __init__(self, selector: TaskPool, generate: GenerateFn):
     """generate(task_ids, group_size) -> one `Group` per task id, in order."""
     self.selector = selector
     self.generate = generate
@@ -75,7 +75,7 @@ class DynamicSampler:
     kept: list[Group] = []
     dropped: list[Group] = []
     sampled = rounds = 0
-    while len(kept) < num_groups and rounds < spec.max_sampling_rounds:
+    while len(kept) < num_groups and rounds < spec.task_selection.max_sampling_rounds:
       rounds += 1
       remaining = num_groups - len(kept)
       request = remaining if rounds == 1 else math.ceil(
@@ -93,7 +93,7 @@ class DynamicSampler:
                            f"{group.task_id!r} with rewards of shape {rewards.shape}; "
                            f"expected shape ({spec.group_size},).")
         self.selector.record([task] * rewards.size, rewards)
-        if not spec.dynamic_sampling or is_informative(rewards):
+        if not spec.task_selection.dynamic_sampling or is_informative(rewards):
           kept.append(group)
           useful += 1
         else:

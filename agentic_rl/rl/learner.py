@@ -30,7 +30,7 @@ from agentic_rl.rl.config import RLSpec
 
 def learner_replay(batch: Batch, spec: RLSpec):
   """The subset of the batch's record that `spec` says to force, or None."""
-  keys = [k for k, on in (("experts", spec.replay_routing), ("blocks", spec.replay_blocks))
+  keys = [k for k, on in (("experts", spec.replay.routing), ("blocks", spec.replay.blocks))
           if on]
   if batch.replay is None or not keys:
     return None
@@ -43,15 +43,15 @@ def check_replay_available(batch: Batch, spec: RLSpec, model_spec) -> None:
   moe_layers = [i for i in range(model_spec.num_layers) if model_spec.is_moe_layer(i)]
   sparse_layers = [i for i, t in enumerate(model_spec.layer_types) if t == "G"]
   wanted = []
-  if spec.replay_routing:
+  if spec.replay.routing:
     wanted += [(i, "experts", "config.rl.replay.routing") for i in moe_layers]
-  if spec.replay_blocks:
+  if spec.replay.blocks:
     wanted += [(i, "blocks", "config.rl.replay.blocks") for i in sparse_layers]
   for i, key, flag in wanted:
     if batch.replay is None or key not in batch.replay[i]:
       raise ValueError(f"{flag}=True but the batch has no replay[{i}][{key!r}]: record it "
                        "in the sampler, or set the flag to False.")
-  if spec.replay_sampling_mask and batch.sampling_mask_btw is None:
+  if spec.replay.sampling_mask and batch.sampling_mask_btw is None:
     raise ValueError("config.rl.replay.sampling_mask=True but the batch has no "
                      "sampling_mask_btw: record it in the sampler (all-zero rows for "
                      "untruncated steps), or set the flag to False.")
@@ -62,7 +62,7 @@ def policy_outputs(model, params, batch: Batch, spec: RLSpec) -> dict[str, Any]:
   _, _, aux = out = model.forward(params, batch.tokens_bt, batch.positions_bt, cache=None,
                                   replay=learner_replay(batch, spec))
   logits_btv = out[0]
-  mask_w = batch.sampling_mask_btw if spec.replay_sampling_mask else None
+  mask_w = batch.sampling_mask_btw if spec.replay.sampling_mask else None
   logp_bt, entropy_bt = logprobs_lib.token_logprobs(logits_btv, batch.tokens_bt,
                                                     batch.temperature_b, mask_w)
   values_bt = None
@@ -84,7 +84,7 @@ def with_old_policy(model, params, batch: Batch, spec: RLSpec, ref_params=None) 
   if out["values_bt"] is not None:
     old_values = jnp.where(mask, out["values_bt"], 0.0)
   ref_logp = batch.ref_logp_bt
-  if spec.kl_coef > 0 and ref_logp is None and ref_params is not None:
+  if spec.loss.kl_coef > 0 and ref_logp is None and ref_params is not None:
     ref_logp = jnp.where(mask, policy_outputs(model, ref_params, batch, spec)["logp_bt"], 0.0)
   return batch.replace(old_logp_bt=jnp.where(mask, out["logp_bt"], 0.0),
                        old_values_bt=old_values, ref_logp_bt=ref_logp)
@@ -104,7 +104,7 @@ def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, s
     learner_old_bt = jax.lax.stop_gradient(logp_bt)
   # The PPO ratio's denominator is the behaviour policy: the learner's score of it before
   # this round of updates, or the sampler's own log-probs (the clip then bounds both).
-  ppo_old_bt = sampler_logp_bt if spec.old_logp_source == "sampler" else learner_old_bt
+  ppo_old_bt = sampler_logp_bt if spec.objective.old_logp_source == "sampler" else learner_old_bt
 
   sums = {}
   if spec.uses_values:
@@ -116,11 +116,11 @@ def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, s
     old_values_bt = (jax.lax.stop_gradient(values_bt) if batch.old_values_bt is None
                      else jnp.where(on_bt, batch.old_values_bt, 0.0))
     adv_bt, returns_bt = adv_lib.gae_advantages(batch.rewards_b, batch.process_reward_bt,
-                                                old_values_bt, mask_bt, gamma=spec.gamma,
-                                                lam=spec.gae_lambda)
+                                                old_values_bt, mask_bt, gamma=spec.advantage.gamma,
+                                                lam=spec.advantage.gae_lambda)
     v_loss = objectives.aggregate(
-        objectives.value_loss(values_bt, returns_bt, old_values_bt, spec.value_clip),
-        mask_bt, spec.aggregation, norms)
+        objectives.value_loss(values_bt, returns_bt, old_values_bt, spec.loss.value_clip),
+        mask_bt, spec.loss.aggregation, norms)
     sums["value_loss"] = v_loss
     sums["value_sum"] = jnp.sum(jnp.where(on_bt, values_bt, 0.0))
     sums["return_sum"] = jnp.sum(returns_bt)
@@ -131,17 +131,17 @@ def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, s
   weights_bt, corr_sums = corrections.correction_weights(spec, learner_old_bt,
                                                          sampler_logp_bt, mask_bt)
   clip_low, clip_high = spec.clip_range
-  if spec.objective == "ppo_clip":
+  if spec.objective.type == "ppo_clip":
     pg_bt, clipped_bt = objectives.ppo_clip_loss(logp_bt, ppo_old_bt, adv_bt, clip_low,
                                                  clip_high)
   else:
     pg_bt, clipped_bt = objectives.gspo_loss(logp_bt, ppo_old_bt, adv_bt, mask_bt, clip_low,
                                              clip_high)
-  pg_loss = objectives.aggregate(weights_bt * pg_bt, mask_bt, spec.aggregation, norms)
-  entropy = objectives.aggregate(out["entropy_bt"], mask_bt, spec.aggregation, norms)
-  loss = pg_loss - spec.entropy_coef * entropy + spec.value_coef * v_loss
+  pg_loss = objectives.aggregate(weights_bt * pg_bt, mask_bt, spec.loss.aggregation, norms)
+  entropy = objectives.aggregate(out["entropy_bt"], mask_bt, spec.loss.aggregation, norms)
+  loss = pg_loss - spec.loss.entropy_coef * entropy + spec.loss.value_coef * v_loss
 
-  if spec.kl_coef > 0.0:
+  if spec.loss.kl_coef > 0.0:
     if batch.ref_logp_bt is not None:
       ref_logp_bt = batch.ref_logp_bt
     elif ref_params is not None:
@@ -151,9 +151,9 @@ def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, s
                        "ref_params to init_train_state, or fill Batch.ref_logp_bt.")
     ref_logp_bt = jnp.where(on_bt, jax.lax.stop_gradient(ref_logp_bt), 0.0)
     kl = objectives.aggregate(objectives.kl_to_reference(logp_bt, ref_logp_bt,
-                                                         spec.kl_estimator),
-                              mask_bt, spec.aggregation, norms)
-    loss = loss + spec.kl_coef * kl
+                                                         spec.loss.kl_estimator),
+                              mask_bt, spec.loss.aggregation, norms)
+    loss = loss + spec.loss.kl_coef * kl
     sums["kl_to_ref"] = kl
 
   moe_aux = out["aux"].get("moe_aux_loss", jnp.float32(0.0)) / num_micro_batches
@@ -168,11 +168,11 @@ def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, s
       "reward_sum": jnp.sum(batch.rewards_b * adv_lib.sequence_valid(mask_bt)),
       **corr_sums,
   })
-  stats_kw = dict(num_turns=spec.max_turns, num_position_buckets=spec.num_position_buckets,
+  stats_kw = dict(num_turns=spec.max_turns, num_position_buckets=spec.mismatch.num_position_buckets,
                   max_position=model.spec.max_seq_len)
   for k, v in mismatch.logprob_mismatch_sums(
       learner_old_bt, sampler_logp_bt, mask_bt, batch.turn_index_bt, batch.positions_bt,
-      ratio_low=spec.mismatch_ratio_low, ratio_high=spec.mismatch_ratio_high,
+      ratio_low=spec.mismatch.ratio_low, ratio_high=spec.mismatch.ratio_high,
       **stats_kw).items():
     sums[f"mm/{k}"] = v
   if batch.replay is not None:
@@ -190,12 +190,12 @@ def mismatch_metrics(model, params, batch: Batch, spec: RLSpec) -> dict:
   sampler record, without training: "quantify the mismatch first". Jit-friendly."""
   out = policy_outputs(model, params, batch, spec)
   on_bt = batch.loss_mask_bt > 0
-  kw = dict(num_turns=spec.max_turns, num_position_buckets=spec.num_position_buckets,
+  kw = dict(num_turns=spec.max_turns, num_position_buckets=spec.mismatch.num_position_buckets,
             max_position=model.spec.max_seq_len)
   sums = mismatch.logprob_mismatch_sums(
       jnp.where(on_bt, out["logp_bt"], 0.0), jnp.where(on_bt, batch.sampler_logp_bt, 0.0),
       batch.loss_mask_bt, batch.turn_index_bt, batch.positions_bt,
-      ratio_low=spec.mismatch_ratio_low, ratio_high=spec.mismatch_ratio_high, **kw)
+      ratio_low=spec.mismatch.ratio_low, ratio_high=spec.mismatch.ratio_high, **kw)
   if batch.replay is not None:
     sums.update(mismatch.selection_agreement_sums(out["aux"]["layers"], batch.replay,
                                                   batch.positions_bt, batch.turn_index_bt, **kw))

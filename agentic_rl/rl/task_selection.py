@@ -1,42 +1,39 @@
-"""Which tasks are worth training: pass rates, priorities, a held-out split and its evaluation.
+"""Which tasks are worth training: pass rates, priorities and the revisited task pool.
 
 A task that always passes or always fails gives every sample of its group the
 same reward, so a group baseline gives it zero advantage: its sampling budget
-teaches nothing. The pieces here (host-side, numpy):
+teaches nothing. The pieces here (host-side, numpy); the held-out split is the env's
+(separate seeds), and a sample passes when it solves its task (envs.env.SOLVED_REWARD):
 
   PassRateTracker   per-task pass rate over the last `window` outcomes, shrunk
                     toward a prior for tasks seen few times.
   task_weights      sampling weights from pass rates: 'uniform', 'middling'
                     (4 p (1 - p), highest at p = 0.5, the Bernoulli variance) or
                     'band' (1 inside [band_low, band_high]); never below `floor`.
-  split_heldout     a deterministic train / held-out split by hashing task ids.
-  TaskSelector      draws training tasks by weight from a fixed list, records outcomes.
   FamilyPassRates   pass rate per task family (e.g. (tier, bug family)), pooled over
                     its tasks: the prior of a task seen few times.
   TaskPool          the training loop's selector over an endless task stream: a pool
                     of tasks revisited by priority until they retire, so pass rates
                     recur and priorities change what is sampled; optional curriculum
                     over tiers.
-  evaluate_heldout  pass rate and mean reward on the held-out tasks, which never
-                    feed the tracker.
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from agentic_rl.envs.env import SOLVED_REWARD
 from agentic_rl.rl.config import PRIORITIES, RLSpec
 
 
 class PassRateTracker:
   """Per-task pass rates: (passes + prior * weight) / (attempts + weight), last `window` only."""
 
-  def __init__(self, *, window: int = 64, pass_threshold: float = 1.0,
-               prior_pass_rate: float = 0.5, prior_weight: float = 1.0):
+  def __init__(self, *, window: int = 64, prior_pass_rate: float = 0.5,
+               prior_weight: float = 1.0):
     if window <= 0:
       raise ValueError(f"window={window}: expected a positive integer.")
     if not 0.0 <= prior_pass_rate <= 1.0:
@@ -44,15 +41,15 @@ class PassRateTracker:
     if prior_weight < 0:
       raise ValueError(f"prior_weight={prior_weight}: expected a number >= 0.")
     self.window = window
-    self.pass_threshold = pass_threshold
     self.prior_pass_rate = prior_pass_rate
     self.prior_weight = prior_weight
     self._outcomes: dict[Hashable, collections.deque] = {}
 
   @classmethod
   def from_spec(cls, spec: RLSpec) -> "PassRateTracker":
-    return cls(window=spec.window, pass_threshold=spec.pass_threshold,
-               prior_pass_rate=spec.prior_pass_rate, prior_weight=spec.prior_weight)
+    ts = spec.task_selection
+    return cls(window=ts.window, prior_pass_rate=ts.prior_pass_rate,
+               prior_weight=ts.prior_weight)
 
   def update(self, task_ids: Iterable[Hashable], rewards: Iterable[float]) -> None:
     """Records one outcome per (task id, reward) pair."""
@@ -63,7 +60,7 @@ class PassRateTracker:
       if not np.isfinite(reward):
         raise ValueError(f"task {task!r}: reward {reward} is not finite.")
       queue = self._outcomes.setdefault(task, collections.deque(maxlen=self.window))
-      queue.append(reward >= self.pass_threshold)
+      queue.append(reward >= SOLVED_REWARD)
 
   def attempts(self, task: Hashable) -> int:
     return len(self._outcomes.get(task, ()))
@@ -114,67 +111,6 @@ def task_weights(pass_rates: np.ndarray, mode: str = "middling", *, band_low: fl
   return np.maximum(w, floor)
 
 
-def _unit_hash(task: Hashable, seed: int) -> float:
-  digest = hashlib.blake2b(f"{seed}:{task!r}".encode(), digest_size=8).digest()
-  return int.from_bytes(digest, "little") / 2.0 ** 64
-
-
-def split_heldout(task_ids: Sequence[Hashable], fraction: float, seed: int = 0
-                  ) -> tuple[list, list]:
-  """(train, heldout): each task is held out iff hash(seed, task) < fraction.
-
-  Deterministic per task, so adding tasks never moves an existing one across the split.
-  """
-  if not 0.0 <= fraction < 1.0:
-    raise ValueError(f"heldout fraction={fraction}: expected a number in [0, 1).")
-  if len(set(task_ids)) != len(task_ids):
-    raise ValueError("split_heldout: task ids must be unique.")
-  train, heldout = [], []
-  for task in task_ids:
-    (heldout if _unit_hash(task, seed) < fraction else train).append(task)
-  return train, heldout
-
-
-class TaskSelector:
-  """Draws training tasks by priority and learns their pass rates from outcomes."""
-
-  def __init__(self, task_ids: Sequence[Hashable], spec: RLSpec, *, seed: int = 0):
-    self.spec = spec
-    self.train_tasks, self.heldout_tasks = split_heldout(list(task_ids), spec.heldout_fraction,
-                                                         spec.heldout_seed)
-    if not self.train_tasks:
-      raise ValueError(f"no training task left after holding out "
-                       f"{spec.heldout_fraction:.0%} of {len(task_ids)} tasks.")
-    self._heldout = set(self.heldout_tasks)
-    self.tracker = PassRateTracker.from_spec(spec)
-    self._rng = np.random.default_rng(seed)
-
-  def weights(self) -> np.ndarray:
-    s = self.spec
-    return task_weights(self.tracker.pass_rates(self.train_tasks), s.priority,
-                        band_low=s.band_low, band_high=s.band_high, floor=s.priority_floor)
-
-  def sample(self, n: int) -> list:
-    """n training tasks drawn by weight, without replacement while tasks last."""
-    w = self.weights()
-    if w.sum() <= 0:  # priority_floor = 0 and no task in the band: fall back to uniform
-      w = np.ones_like(w)
-    probs = w / w.sum()
-    picks = []
-    while len(picks) < n:
-      k = min(n - len(picks), int(np.count_nonzero(probs)))
-      idx = self._rng.choice(len(self.train_tasks), size=k, replace=False, p=probs)
-      picks.extend(self.train_tasks[i] for i in idx)
-    return picks
-
-  def record(self, task_ids: Iterable[Hashable], rewards: Iterable[float]) -> None:
-    task_ids, rewards = list(task_ids), list(rewards)
-    leaked = [t for t in task_ids if t in self._heldout]
-    if leaked:
-      raise ValueError(f"held-out tasks {leaked[:3]} must not be trained on or tracked.")
-    self.tracker.update(task_ids, rewards)
-
-
 class FamilyPassRates:
   """Pass rate per task family, pooled over the outcomes of all the family's tasks.
 
@@ -185,10 +121,9 @@ class FamilyPassRates:
   siblings did rather than from the global guess.
   """
 
-  def __init__(self, *, window: int, pass_threshold: float, prior_pass_rate: float,
-               prior_weight: float):
-    self._tracker = PassRateTracker(window=window, pass_threshold=pass_threshold,
-                                    prior_pass_rate=prior_pass_rate, prior_weight=prior_weight)
+  def __init__(self, *, window: int, prior_pass_rate: float, prior_weight: float):
+    self._tracker = PassRateTracker(window=window, prior_pass_rate=prior_pass_rate,
+                                    prior_weight=prior_weight)
 
   @staticmethod
   def key(family: Hashable) -> str:
@@ -231,7 +166,7 @@ def _draw_without_replacement(rng: np.random.Generator, weights: np.ndarray, n: 
 class TaskPool:
   """A revisited pool of training tasks: the selector `DynamicSampler` drives.
 
-  The pool holds `spec.pool_size` task ids drawn from `stream` (`next_task(tier)`,
+  The pool holds `spec.task_selection.pool_size` task ids drawn from `stream` (`next_task(tier)`,
   or an iterator without a curriculum). Entries i::count are process `index`'s
   share for `shard=(index, count)`. `sample(n)` draws n distinct tasks of the
   share, not yet picked this step, without replacement with probability
@@ -241,7 +176,7 @@ class TaskPool:
   `pool_size = 0` means no pool: every pick is then a fresh task from the stream
   (the old behaviour).
 
-  Pass rates: a task's own last `spec.window` outcomes, shrunk (`prior_weight`)
+  Pass rates: a task's own last `spec.task_selection.window` outcomes, shrunk (`prior_weight`)
   toward its family's pass rate (`FamilyPassRates`, shrunk by
   `family_prior_weight` toward `prior_pass_rate`). Statistics recur twice over:
   tasks are revisited, and families pool outcomes across tasks.
@@ -255,15 +190,15 @@ class TaskPool:
     end_step()               retires tasks and refills the pool from the stream.
 
   Retirement (at end_step): a task leaves the pool once it has been attempted in
-  `spec.max_visits` groups (visits = outcomes // group_size), or once it is
+  `spec.task_selection.max_visits` groups (visits = outcomes // group_size), or once it is
   settled: at least 2 groups seen and every outcome in its window the same (all
   pass or all fail: it has nothing left to teach, whatever its prior said). Its
   statistics are dropped; top-ups beyond `pool_size` leave too, the oldest stay.
 
-  Curriculum (`spec.curriculum`, tier names easiest first; empty = off, new tasks
+  Curriculum (`spec.task_selection.curriculum`, tier names easiest first; empty = off, new tasks
   always come from `default_tier`): new tasks come from the current tier; once the
-  current tier's last `spec.curriculum_window` episodes pass at
-  `spec.promote_pass_rate` or more, from the next one. Tasks already pooled stay
+  current tier's last `spec.task_selection.curriculum_window` episodes pass at
+  `spec.task_selection.promote_pass_rate` or more, from the next one. Tasks already pooled stay
   until they retire.
   """
 
@@ -275,7 +210,7 @@ class TaskPool:
       raise ValueError(f"shard={shard}: expected (index, count) with 0 <= index < count.")
     if callable(stream):
       self._next_task = stream
-    elif spec.curriculum:
+    elif spec.task_selection.curriculum:
       raise ValueError("a curriculum needs stream(tier) -> task id, not an iterator.")
     else:
       self._next_task = lambda tier, it=iter(stream): next(it)
@@ -285,16 +220,16 @@ class TaskPool:
     self.default_tier = default_tier
     self._family_of = family_of
     self.tracker = PassRateTracker.from_spec(spec)
-    self.families = FamilyPassRates(window=spec.window, pass_threshold=spec.pass_threshold,
-                                    prior_pass_rate=spec.prior_pass_rate,
-                                    prior_weight=spec.family_prior_weight)
+    self.ts = ts = spec.task_selection
+    self.families = FamilyPassRates(window=ts.window, prior_pass_rate=ts.prior_pass_rate,
+                                    prior_weight=ts.family_prior_weight)
     self.outcomes: list[tuple[str, float]] = []  # recorded here, applied by apply()
     self._pool: list[str] = []  # filled lazily: a pool about to be restored draws nothing
     self._tier_of: dict[str, str | None] = {}  # pooled task -> the tier it was drawn for
     self._family: dict[str, Hashable] = {}  # pooled task -> family (family_of may be slow)
     self._outcome_count: dict[str, int] = {}  # pooled task -> outcomes applied, all time
     self._tier_index = 0
-    self._tier_window: collections.deque = collections.deque(maxlen=spec.curriculum_window)
+    self._tier_window: collections.deque = collections.deque(maxlen=ts.curriculum_window)
     self._retired = 0
     self._picked: set[str] = set()  # this process, this step: no task twice in a step
     self._stats = collections.Counter()
@@ -305,7 +240,7 @@ class TaskPool:
   @property
   def current_tier(self) -> str | None:
     """The tier new tasks come from."""
-    return self.spec.curriculum[self._tier_index] if self.spec.curriculum else self.default_tier
+    return self.ts.curriculum[self._tier_index] if self.ts.curriculum else self.default_tier
 
   @property
   def tasks(self) -> tuple[str, ...]:
@@ -322,7 +257,7 @@ class TaskPool:
 
   def priorities(self, tasks: Sequence[str]) -> np.ndarray:
     """Sampling weight per task, in [0, 1]: weight / the largest weight any task can get."""
-    s = self.spec
+    s = self.ts
     rates = np.array([self.pass_rate(t) for t in tasks], np.float64)
     w = task_weights(rates, s.priority, band_low=s.band_low, band_high=s.band_high,
                      floor=s.priority_floor)
@@ -389,9 +324,9 @@ class TaskPool:
         self._forget(task)
       else:
         kept.append(task)
-    for task in kept[self.spec.pool_size:]:
+    for task in kept[self.ts.pool_size:]:
       self._forget(task)
-    self._pool = kept[:self.spec.pool_size]
+    self._pool = kept[:self.ts.pool_size]
     self._fill()
     self._picked.clear()
     self._stats_stale = True
@@ -434,9 +369,9 @@ class TaskPool:
 
   def load_state_dict(self, state: dict) -> None:
     tier_index = int(state["tier_index"])
-    if tier_index >= max(1, len(self.spec.curriculum)):
+    if tier_index >= max(1, len(self.ts.curriculum)):
       raise ValueError(f"tier_index={tier_index} is past the curriculum "
-                       f"{self.spec.curriculum}.")
+                       f"{self.ts.curriculum}.")
     self._pool = [task for task, _ in state["pool"]]
     self._tier_of = {task: tier for task, tier in state["pool"]}
     self._family = {task: self._family_of(task) for task in self._pool}
@@ -445,7 +380,7 @@ class TaskPool:
     self.families.load_state_dict(state["families"])
     self._tier_index = tier_index
     self._tier_window = collections.deque((bool(x) for x in state["tier_window"]),
-                                          maxlen=self.spec.curriculum_window)
+                                          maxlen=self.ts.curriculum_window)
     self._retired = int(state["retired"])
     self.outcomes, self._picked = [], set()
     self._stats, self._stats_stale = collections.Counter(), False
@@ -457,7 +392,7 @@ class TaskPool:
     return [t for i, t in enumerate(self._pool) if i % count == index and t not in self._picked]
 
   def _fill(self) -> None:
-    self._draw(self.spec.pool_size - len(self._pool))
+    self._draw(self.ts.pool_size - len(self._pool))
 
   def _draw(self, k: int) -> None:
     """Appends k new stream tasks of the current tier, skipping ones already pooled."""
@@ -496,19 +431,19 @@ class TaskPool:
   def _settled_or_spent(self, task: str) -> bool:
     visits = self.visits(task)
     outcomes = self.tracker.outcomes(task)
-    return visits >= self.spec.max_visits or (visits >= 2 and len(set(outcomes)) == 1)
+    return visits >= self.ts.max_visits or (visits >= 2 and len(set(outcomes)) == 1)
 
   def _advance_curriculum(self, task_ids: Sequence[str], rewards: Sequence[float]) -> None:
-    tiers = self.spec.curriculum
+    tiers = self.ts.curriculum
     if not tiers:
       return
     tier = self.current_tier
     for task, reward in zip(task_ids, rewards):
       if self._tier_of[task] == tier:
-        self._tier_window.append(reward >= self.spec.pass_threshold)
+        self._tier_window.append(reward >= SOLVED_REWARD)
     window = self._tier_window
     if (self._tier_index + 1 < len(tiers) and len(window) == window.maxlen
-        and np.mean(window) >= self.spec.promote_pass_rate):
+        and np.mean(window) >= self.ts.promote_pass_rate):
       self._tier_index += 1
       window.clear()
 
@@ -517,29 +452,3 @@ class TaskPool:
       table.pop(task, None)
     self.tracker.forget([task])
 
-
-def evaluate_heldout(run_task: Callable[[Hashable, int], Sequence[float]],
-                     heldout_tasks: Sequence[Hashable], *, samples_per_task: int,
-                     pass_threshold: float) -> dict:
-  """Runs `run_task(task, n) -> n rewards` on every held-out task.
-
-  Returns mean_reward, pass_rate (fraction of samples passing), solved_frac
-  (tasks with at least one pass, pass@n), num_tasks and per-task pass rates.
-  """
-  if not heldout_tasks:
-    raise ValueError("evaluate_heldout: no held-out task (task_selection.heldout_fraction=0?).")
-  per_task, all_rewards, solved = {}, [], 0
-  for task in heldout_tasks:
-    rewards = np.asarray(run_task(task, samples_per_task), np.float64)
-    if rewards.shape != (samples_per_task,):
-      raise ValueError(f"run_task({task!r}, {samples_per_task}) returned shape "
-                       f"{rewards.shape}; expected ({samples_per_task},).")
-    passed = rewards >= pass_threshold
-    per_task[task] = float(passed.mean())
-    solved += bool(passed.any())
-    all_rewards.append(rewards)
-  rewards = np.concatenate(all_rewards)
-  return {"mean_reward": float(rewards.mean()),
-          "pass_rate": float((rewards >= pass_threshold).mean()),
-          "solved_frac": solved / len(heldout_tasks), "num_tasks": len(heldout_tasks),
-          "per_task_pass_rate": per_task}

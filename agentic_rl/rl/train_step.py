@@ -56,10 +56,12 @@ class TrainState:
 
 def learning_rate_schedule(spec: RLSpec) -> optax.Schedule:
   """Linear warmup from 0 to learning_rate, then cosine decay to end_lr_ratio * it, over
-  rollout batches: every update of one batch's PPO epochs gets that batch's rate."""
+  rollout batches (optim.decay_steps, 0 = the phase's num_steps): every update of one
+  batch's PPO epochs gets that batch's rate."""
+  o = spec.optim
   per_batch = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=spec.learning_rate, warmup_steps=spec.warmup_steps,
-      decay_steps=spec.decay_steps, end_value=spec.learning_rate * spec.end_lr_ratio)
+      init_value=0.0, peak_value=o.learning_rate, warmup_steps=o.warmup_steps,
+      decay_steps=o.schedule_steps(spec.num_steps), end_value=o.learning_rate * o.end_lr_ratio)
   if spec.updates_per_step == 1:
     return per_batch
   return lambda count: per_batch(count // spec.updates_per_step)
@@ -71,17 +73,17 @@ def weight_decay_mask(params):
 
 
 def make_optimizer(spec: RLSpec) -> optax.GradientTransformation:
+  o = spec.optim
   parts = []
-  if spec.clip_norm > 0:
-    parts.append(optax.clip_by_global_norm(spec.clip_norm))
-  parts.append(optax.adamw(learning_rate_schedule(spec), b1=spec.b1, b2=spec.b2,
-                           eps=spec.adam_eps, weight_decay=spec.weight_decay,
-                           mask=weight_decay_mask))
+  if o.clip_norm > 0:
+    parts.append(optax.clip_by_global_norm(o.clip_norm))
+  parts.append(optax.adamw(learning_rate_schedule(spec), b1=o.b1, b2=o.b2, eps=o.eps,
+                           weight_decay=o.weight_decay, mask=weight_decay_mask))
   return optax.chain(*parts)
 
 
 def init_train_state(model, params, spec: RLSpec, ref_params=None) -> TrainState:
-  if spec.kl_coef > 0 and ref_params is None:
+  if spec.loss.kl_coef > 0 and ref_params is None:
     raise ValueError("config.rl.loss.kl_coef > 0 needs ref_params (the frozen reference "
                      "policy, e.g. a copy of the initial params).")
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
@@ -130,7 +132,7 @@ def make_update(model, spec: RLSpec, *, donate: bool = False):
   `batch`; adv_bt None computes the group advantages from `batch` itself."""
   optimizer = make_optimizer(spec)
   schedule = learning_rate_schedule(spec)
-  m = spec.num_micro_batches
+  m = spec.optim.num_micro_batches
   model_spec = model.spec
 
   def loss_fn(params, ref_params, micro, adv_bt, norms):
@@ -145,7 +147,7 @@ def make_update(model, spec: RLSpec, *, donate: bool = False):
       raise ValueError(f"batch size {b} is not divisible by "
                        f"config.rl.optim.num_micro_batches={m}.")
     learner.check_replay_available(batch, spec, model_spec)
-    norms = objectives.loss_normalizers(batch.loss_mask_bt, spec.constant_normalizer)
+    norms = objectives.loss_normalizers(batch.loss_mask_bt, spec.loss.constant_normalizer)
     if adv_bt is None:
       adv_bt = _step_advantages(spec, batch)
     if m == 1:
@@ -221,7 +223,7 @@ def make_train_step(model, spec: RLSpec, *, donate: bool = False):
   if spec.updates_per_step == 1:
     return lambda state, batch: update(state, batch, None)
 
-  micro = spec.num_micro_batches
+  micro = spec.optim.num_micro_batches
   score_fn = jax.jit(lambda params, ref_params, batch: learner.with_old_policy(
       model, params, batch, spec, ref_params))
   advantages_fn = jax.jit(lambda batch: _step_advantages(spec, batch))

@@ -1,8 +1,9 @@
-"""The rollout engine's config section (`config.rollout`): defaults, validation, frozen spec.
+"""The rollout engine's config section (`config.rollout`): one frozen dataclass.
 
-`validate(config.rollout, model_spec)` turns a bad value into a `ValueError`
-naming the field (`config.rollout.<field>`), the value and what was expected,
-and returns `RolloutSpec`, a hashable view safe as a jit static argument.
+`RolloutSpec` holds the defaults and checks (agentic_rl/config_schema.py);
+`validate(config.rollout, model_spec, seed=config.seed)` builds it by field name, checks it
+against the model, and resolves the 0 = "the model's" capacities. A bad value is a
+`ValueError` naming `config.rollout.<field>`. The spec is hashable: a jit static argument.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import dataclasses
 
 import ml_collections
 
+from agentic_rl.config_schema import (FieldError, check, derived, from_config_dict,
+                                      to_config_dict)
 from agentic_rl.model.config import ModelSpec
 
 # Why a trajectory ended. Env-reported reasons (info['end_reason']) are kept as given.
@@ -31,43 +34,43 @@ TURN_MAX_NEW_TOKENS = "max_new_tokens"  # max_new_tokens_per_turn reached; turn 
 TURN_BUDGET_CUT = "budget"  # The trajectory's token budget or context limit cut the turn.
 
 
-def default_rollout_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.num_slots = 8  # Sequences decoded together; each holds one trajectory.
-  c.max_len = 0  # Cache capacity per slot in tokens; 0 = model.max_seq_len.
-  c.prefill_chunk = 256  # Tokens per prefill call per row (shorter chunks are -1 padded).
-  c.prefill_rows = 1  # Rows (slots or prompt-store rows) prefilled per call.
-  c.prompt_store_rows = 4  # Prompts prefilled ahead, waiting to be copied into slots.
-  c.temperature = 1.0  # 0 = greedy (argmax; recorded as temperature 1, mask = argmax only).
-  c.top_k = 0  # 0 = off.
-  c.top_p = 1.0  # 1.0 = off.
-  c.group_size = 1  # G samples per task (GRPO groups), sharing one prompt prefill.
-  c.max_turns = 8  # Model turns per trajectory.
-  c.max_total_tokens = 0  # Prompt + model + tool tokens per trajectory; 0 = max_len.
-  c.max_new_tokens_per_turn = 256
-  c.env_threads = 8  # Host threads stepping environments.
-  c.seed = 0  # Base of the per-trajectory sampling seeds.
-  c.system_prompt = ""  # Used when the environment has no `system_prompt` of its own.
-  return c
+def _positive(field: str, value: int) -> None:
+  check(value > 0, field, value, "a positive integer")
 
 
 @dataclasses.dataclass(frozen=True)
 class RolloutSpec:
-  num_slots: int
-  max_len: int
-  prefill_chunk: int
-  prefill_rows: int
-  prompt_store_rows: int
-  temperature: float
-  top_k: int
-  top_p: float
-  group_size: int
-  max_turns: int
-  max_total_tokens: int
-  max_new_tokens_per_turn: int
-  env_threads: int
-  seed: int
-  system_prompt: str
+  num_slots: int = 8  # Sequences decoded together; each holds one trajectory.
+  max_len: int = 0  # Cache capacity per slot in tokens; 0 = model.max_seq_len.
+  prefill_chunk: int = 256  # Tokens per prefill call per row (shorter chunks are -1 padded).
+  prefill_rows: int = 1  # Rows (slots or prompt-store rows) prefilled per call.
+  prompt_store_rows: int = 4  # Prompts prefilled ahead, waiting to be copied into slots.
+  temperature: float = 1.0  # 0 = greedy (argmax; recorded as temperature 1, mask = argmax).
+  top_k: int = 0  # 0 = off.
+  top_p: float = 1.0  # 1.0 = off.
+  group_size: int = 1  # G samples per task (GRPO groups), sharing one prompt prefill.
+  max_turns: int = 8  # Model turns per trajectory (the env's turn budget too).
+  max_total_tokens: int = 0  # Prompt + model + tool tokens per trajectory; 0 = max_len.
+  max_new_tokens_per_turn: int = 256
+  env_threads: int = 8  # Host threads stepping environments.
+  seed: int = derived(0, "config.seed")  # Base of the per-trajectory sampling seeds.
+  system_prompt: str = ""  # Used when the environment has no `system_prompt` of its own.
+
+  def __post_init__(self):
+    for name in ("num_slots", "prefill_chunk", "prefill_rows", "prompt_store_rows",
+                 "group_size", "max_turns", "max_new_tokens_per_turn", "env_threads"):
+      _positive(name, getattr(self, name))
+    for name in ("max_len", "max_total_tokens", "top_k", "seed"):
+      check(getattr(self, name) >= 0, name, getattr(self, name), "an integer >= 0")
+    check(self.prefill_rows <= self.num_slots, "prefill_rows", self.prefill_rows,
+          f"at most num_slots={self.num_slots} (idle rows of a prefill call are other slots)")
+    check(self.prefill_rows <= self.prompt_store_rows, "prefill_rows", self.prefill_rows,
+          f"at most prompt_store_rows={self.prompt_store_rows} (prompts are prefilled there)")
+    check(self.temperature >= 0.0, "temperature", self.temperature,
+          "a number >= 0 (0 = greedy)")
+    check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "a number in (0, 1] (1 = off)")
+    check(self.max_total_tokens == 0 or self.max_total_tokens >= 2, "max_total_tokens",
+          self.max_total_tokens, "0 (the cache capacity) or at least 2")
 
   @property
   def greedy(self) -> bool:
@@ -88,53 +91,31 @@ class RolloutSpec:
     return END_TOKEN_BUDGET if self.max_total_tokens < self.max_len else END_CONTEXT_LIMIT
 
 
-def _require(ok: bool, field: str, value, expected: str):
-  if not ok:
-    raise ValueError(f"config.rollout.{field}={value!r}: expected {expected}.")
+def default_rollout_config() -> ml_collections.ConfigDict:
+  return to_config_dict(RolloutSpec())
 
 
-def _is_int(v) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
-
-
-def validate(rollout_config: ml_collections.ConfigDict, model_spec: ModelSpec) -> RolloutSpec:
-  """Checks `config.rollout` against the model and returns its frozen spec."""
-  c = rollout_config
-  known = set(default_rollout_config().keys())
-  unknown = sorted(set(c.keys()) - known)
-  if unknown:
-    raise ValueError(f"config.rollout has unknown fields {unknown}; expected fields "
-                     f"{sorted(known)}.")
-  for field in ("num_slots", "prefill_chunk", "prefill_rows", "prompt_store_rows",
-                "group_size", "max_turns", "max_new_tokens_per_turn", "env_threads"):
-    _require(_is_int(c[field]) and c[field] > 0, field, c[field], "a positive integer")
-  for field in ("max_len", "max_total_tokens", "top_k", "seed"):
-    _require(_is_int(c[field]) and c[field] >= 0, field, c[field], "an integer >= 0")
-  max_len = c.max_len or model_spec.max_seq_len
-  _require(max_len <= model_spec.max_seq_len, "max_len", c.max_len,
-           f"at most model.max_seq_len={model_spec.max_seq_len} (0 means that value)")
-  _require(max_len % model_spec.block_size == 0, "max_len", max_len,
-           f"a multiple of model.block_size={model_spec.block_size}")
-  _require(c.prefill_rows <= c.num_slots, "prefill_rows", c.prefill_rows,
-           f"at most num_slots={c.num_slots} (idle rows of a prefill call are other slots)")
-  _require(c.prefill_rows <= c.prompt_store_rows, "prefill_rows", c.prefill_rows,
-           f"at most prompt_store_rows={c.prompt_store_rows} (prompts are prefilled there)")
-  _require(c.prefill_chunk <= max_len, "prefill_chunk", c.prefill_chunk,
-           f"at most the cache capacity max_len={max_len}")
-  temperature = float(c.temperature)
-  _require(temperature >= 0.0, "temperature", c.temperature, "a number >= 0 (0 = greedy)")
-  _require(c.top_k <= model_spec.vocab_size, "top_k", c.top_k,
-           f"0 (off) or at most model.vocab_size={model_spec.vocab_size}")
-  top_p = float(c.top_p)
-  _require(0.0 < top_p <= 1.0, "top_p", c.top_p, "a number in (0, 1] (1 = off)")
-  max_total = c.max_total_tokens or max_len
-  _require(max_total >= 2, "max_total_tokens", c.max_total_tokens,
-           "0 (the cache capacity) or at least 2")
-  _require(isinstance(c.system_prompt, str), "system_prompt", c.system_prompt, "a string")
-  return RolloutSpec(
-      num_slots=c.num_slots, max_len=max_len, prefill_chunk=c.prefill_chunk,
-      prefill_rows=c.prefill_rows, prompt_store_rows=c.prompt_store_rows,
-      temperature=temperature, top_k=c.top_k, top_p=top_p, group_size=c.group_size,
-      max_turns=c.max_turns, max_total_tokens=max_total,
-      max_new_tokens_per_turn=c.max_new_tokens_per_turn, env_threads=c.env_threads,
-      seed=c.seed, system_prompt=c.system_prompt)
+def validate(rollout_config, model_spec: ModelSpec, *, seed: int | None = None
+             ) -> RolloutSpec:
+  """`config.rollout` checked against the model, with the run's `config.seed`; capacities
+  given as 0 resolved (max_len = model.max_seq_len, max_total_tokens = max_len)."""
+  joined = {} if seed is None else {"seed": seed}
+  spec = from_config_dict(RolloutSpec, rollout_config, "config.rollout", **joined)
+  max_len = spec.max_len or model_spec.max_seq_len
+  checks = (
+      (max_len <= model_spec.max_seq_len, "max_len", spec.max_len,
+       f"at most model.max_seq_len={model_spec.max_seq_len} (0 means that value)"),
+      (max_len % model_spec.block_size == 0, "max_len", max_len,
+       f"a multiple of model.block_size={model_spec.block_size}"),
+      (spec.prefill_chunk <= max_len, "prefill_chunk", spec.prefill_chunk,
+       f"at most the cache capacity max_len={max_len}"),
+      (spec.top_k <= model_spec.vocab_size, "top_k", spec.top_k,
+       f"0 (off) or at most model.vocab_size={model_spec.vocab_size}"),
+  )
+  try:
+    for ok, field, value, expected in checks:
+      check(ok, field, value, expected)
+  except FieldError as e:
+    raise e.at("config.rollout") from None
+  return dataclasses.replace(spec, max_len=max_len,
+                             max_total_tokens=spec.max_total_tokens or max_len)

@@ -1,47 +1,82 @@
-"""The `config.train` section (the loop around rollout and learner) and route overrides."""
+"""The `config.train` section (the loop around rollout and learner, its SFT phase) and the
+route overrides."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 
+from agentic_rl.config_schema import check, from_config_dict, to_config_dict
+from agentic_rl.rl.config import OptimConfig
 
-def default_train_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.sft_steps = 0  # SFT warm-start steps on the scripted expert; 0 turns SFT off.
-  c.sft_demos = 64  # Expert episodes recorded for SFT (train split).
-  c.sft_batch_size = 8
-  c.sft_learning_rate = 3e-3
+
+def _positive(field: str, value: int) -> None:
+  check(value > 0, field, value, "a positive integer")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+  """`config.train` as checked: every field the loop reads."""
+
+  sft_steps: int = 0  # SFT warm-start steps on the scripted expert; 0 turns SFT off.
+  sft_demos: int = 64  # Expert episodes recorded for SFT (train split).
+  sft_batch_size: int = 8
+  # SFT's own optimiser; decay_steps=0 spans the SFT phase (sft_steps).
+  sft_optim: OptimConfig = OptimConfig(learning_rate=3e-3, warmup_steps=10, decay_steps=0)
   # Plateau stop: every sft_eval_every steps, score the expert's demonstrations of
   # sft_validation_demos train tasks outside the SFT set (token NLL); stop after
   # sft_patience scores without a new best by sft_min_delta, and keep the best params.
   # sft_eval_every = 0 runs all sft_steps.
-  c.sft_eval_every = 0
-  c.sft_validation_demos = 64
-  c.sft_patience = 3
-  c.sft_min_delta = 0.002
-  c.groups_per_step = 4  # Task groups per RL step (each of config.rollout.group_size samples).
-  c.eval_every = 10  # RL steps between held-out evaluations (and at the end).
-  c.eval_tasks = 32  # Held-out tasks per evaluation.
+  sft_eval_every: int = 0
+  sft_validation_demos: int = 64
+  sft_patience: int = 3
+  sft_min_delta: float = 0.002
+  groups_per_step: int = 4  # Task groups per RL step (each of config.rollout.group_size).
+  eval_every: int = 10  # RL steps between held-out evaluations (and at the end).
+  eval_tasks: int = 32  # Held-out tasks per evaluation.
   # 0 = greedy. Above 0 the held-out solve rate is the policy's pass@1 at this temperature,
   # averaged over eval_samples draws per task (the policy RL trains is the sampled one).
-  c.eval_temperature = 0.0
-  c.eval_samples = 1
-  # A run's workdir, checkpoints/ folder or step folder whose params start this run (e.g.
-  # an SFT run's checkpoint for an RL-only run). Read only when the workdir has no
-  # checkpoint of its own; optimiser state, step and data order start fresh. "" = none.
-  c.init_checkpoint = ""
-  c.checkpoint_every = 5  # Steps between checkpoints (SFT and RL steps alike).
-  c.keep_checkpoints = 3
-  c.log_samples_every = 10  # Steps between sample trajectories written to TensorBoard.
-  c.num_samples_logged = 2
+  eval_temperature: float = 0.0
+  eval_samples: int = 1
+  # A run's workdir, checkpoints/ folder, step folder or params.safetensors folder whose
+  # params start this run. Read only when the workdir has no checkpoint of its own;
+  # optimiser state, step and data order start fresh. "" = none.
+  init_checkpoint: str = ""
+  checkpoint_every: int = 5  # Steps between checkpoints (SFT and RL steps alike).
+  keep_checkpoints: int = 3
+  log_samples_every: int = 10  # Steps between sample trajectories written to TensorBoard.
+  num_samples_logged: int = 2
   # Stage schedule: from this RL step on, apply config.route_a (throughput early,
   # consistency late). -1: never switch.
-  c.switch_to_route_a_at = -1
+  switch_to_route_a_at: int = -1
   # Multi-process runs (see WORKSPACE.md): empty address + 1 process = single process.
-  c.coordinator_address = ""
-  c.num_processes = 1
-  c.process_id = 0
-  return c
+  coordinator_address: str = ""
+  num_processes: int = 1
+  process_id: int = 0
+
+  def __post_init__(self):
+    check(self.sft_steps >= 0, "sft_steps", self.sft_steps, "an integer >= 0")
+    check(self.switch_to_route_a_at >= -1, "switch_to_route_a_at", self.switch_to_route_a_at,
+          "an integer >= -1 (-1 = never)")
+    check(self.sft_eval_every >= 0, "sft_eval_every", self.sft_eval_every,
+          "an integer >= 0 (0 = no plateau stop)")
+    check(self.sft_min_delta >= 0, "sft_min_delta", self.sft_min_delta, "a number >= 0")
+    for name in ("sft_validation_demos", "sft_patience", "sft_demos", "sft_batch_size",
+                 "groups_per_step", "eval_every", "eval_tasks", "eval_samples",
+                 "checkpoint_every", "keep_checkpoints", "log_samples_every",
+                 "num_samples_logged", "num_processes"):
+      _positive(name, getattr(self, name))
+    check(self.eval_temperature >= 0, "eval_temperature", self.eval_temperature,
+          "a number >= 0 (0 = greedy)")
+    check(self.eval_temperature > 0 or self.eval_samples == 1, "eval_samples",
+          self.eval_samples, "1 with greedy evaluation (eval_temperature=0 draws the same "
+          "episode every time)")
+    check(self.groups_per_step % self.num_processes == 0, "groups_per_step",
+          self.groups_per_step, f"a multiple of num_processes={self.num_processes} (each "
+          "process rolls out its share)")
+    check(0 <= self.process_id < self.num_processes, "process_id", self.process_id,
+          f"0 <= id < num_processes={self.num_processes}")
 
 
 def route_a_overrides() -> ml_collections.ConfigDict:
@@ -78,42 +113,9 @@ def apply_overrides(config: ml_collections.ConfigDict,
   return out
 
 
-def validate_train_config(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-  known = set(default_train_config().keys())
-  unknown = sorted(set(c.keys()) - known)
-  if unknown:
-    raise ValueError(f"config.train has unknown fields {unknown}; expected {sorted(known)}.")
-  for field in ("sft_steps", "switch_to_route_a_at"):
-    if not isinstance(c[field], int) or c[field] < (0 if field == "sft_steps" else -1):
-      raise ValueError(f"config.train.{field}={c[field]!r}: expected an integer "
-                       f"{'>= 0' if field == 'sft_steps' else '>= -1'}.")
-  for field in ("sft_eval_every",):
-    if not isinstance(c[field], int) or c[field] < 0:
-      raise ValueError(f"config.train.{field}={c[field]!r}: expected an integer >= 0 "
-                       f"(0 = no plateau stop).")
-  if (isinstance(c.sft_min_delta, bool) or not isinstance(c.sft_min_delta, (int, float))
-      or c.sft_min_delta < 0):
-    raise ValueError(f"config.train.sft_min_delta={c.sft_min_delta!r}: expected a number "
-                     f">= 0.")
-  for field in ("sft_validation_demos", "sft_patience", "sft_demos", "sft_batch_size", "groups_per_step",
-                "eval_every", "eval_tasks", "eval_samples", "checkpoint_every", "keep_checkpoints",
-                "log_samples_every", "num_processes"):
-    if not isinstance(c[field], int) or c[field] <= 0:
-      raise ValueError(f"config.train.{field}={c[field]!r}: expected a positive integer.")
-  if (isinstance(c.eval_temperature, bool) or not isinstance(c.eval_temperature, (int, float))
-      or c.eval_temperature < 0):
-    raise ValueError(f"config.train.eval_temperature={c.eval_temperature!r}: expected a "
-                     f"number >= 0 (0 = greedy).")
-  if not isinstance(c.init_checkpoint, str):
-    raise ValueError(f"config.train.init_checkpoint={c.init_checkpoint!r}: expected a path "
-                     f"string ('' = start from freshly initialised params).")
-  if c.eval_temperature == 0 and c.eval_samples != 1:
-    raise ValueError(f"config.train.eval_samples={c.eval_samples}: greedy evaluation "
-                     f"(eval_temperature=0) draws the same episode every time; use 1.")
-  if c.groups_per_step % c.num_processes:
-    raise ValueError(f"config.train.groups_per_step={c.groups_per_step} must be divisible by "
-                     f"num_processes={c.num_processes}: each process rolls out its share.")
-  if not 0 <= c.process_id < c.num_processes:
-    raise ValueError(f"config.train.process_id={c.process_id}: expected 0 <= id < "
-                     f"num_processes={c.num_processes}.")
-  return c
+def default_train_config() -> ml_collections.ConfigDict:
+  return to_config_dict(TrainSpec())
+
+
+def validate_train_config(train_config) -> TrainSpec:
+  return from_config_dict(TrainSpec, train_config, "config.train")

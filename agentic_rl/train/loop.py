@@ -29,11 +29,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from agentic_rl import resources
-from agentic_rl.envs import config as env_config_lib
 from agentic_rl.envs import env as env_lib
-from agentic_rl.envs.audit import AuditLog
-from agentic_rl.envs.datasets import SweTaskSource
-from agentic_rl.envs.swe_env import SweEnv
+from agentic_rl.envs import registry
 from agentic_rl.model import config as model_config_lib
 from agentic_rl.model import transformer
 from agentic_rl.rl import config as rl_config_lib
@@ -98,29 +95,28 @@ class Trainer:
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
     self.base_config = config
     self.workdir = os.path.abspath(workdir)
-    tc = train_config_lib.validate_train_config(config.train)
+    self.train_spec = tc = train_config_lib.validate_train_config(config.train)
     self.info = distributed.initialize(tc.coordinator_address, tc.num_processes, tc.process_id)
     self.mesh = distributed.data_mesh()
     self.tokenizer = tokenizer_lib.make_tokenizer(config.tokenizer)
-    self.env_config = env_config_lib.validate_env_config(
-        config.env, max_turns=config.rollout.max_turns)
-    self.train_source = SweTaskSource("train", config=self.env_config)
+    # The env by name (config.env.name): its spec, envs, tasks, families and expert.
+    self.env_spec = spec = registry.build_spec(config.env, max_turns=config.rollout.max_turns)
+    self.env_family = family = registry.family_of(spec)
+    self.train_source = family.task_source(spec, "train", spec.default_tier)
     # RL draws from these: the default tier and every tier of the curriculum.
-    self.tiers = tuple(self.env_config.tiers.keys())
-    wanted = (self.env_config.default_tier,) + tuple(
-        t for t in config.rl.task_selection.get("curriculum", ()) if
-        t != self.env_config.default_tier)
+    self.tiers = tuple(spec.tiers)
+    wanted = (spec.default_tier,) + tuple(
+        t for t in config.rl.task_selection.get("curriculum", ()) if t != spec.default_tier)
     unknown = [t for t in wanted if t not in self.tiers]
     if unknown:
       raise ValueError(f"config.rl.task_selection.curriculum names tiers {unknown}; the env "
                        f"has {list(self.tiers)}.")
-    self.train_sources = {t: SweTaskSource("train", tiers=(t,), config=self.env_config)
-                          for t in wanted}
+    self.train_sources = {t: family.task_source(spec, "train", t) for t in wanted}
     self._task_cache: dict[str, Any] = {}
-    self.heldout_source = SweTaskSource("heldout", config=self.env_config)
+    self.heldout_source = family.task_source(spec, "heldout", spec.default_tier)
     os.makedirs(self.workdir, exist_ok=True)
-    self.audit = AuditLog(os.path.join(
-        self.workdir, f"audit.{self.info.process_index}.jsonl"))
+    self.audit = family.make_audit_log(  # config.env.audit_* reach the run's log.
+        spec, os.path.join(self.workdir, f"audit.{self.info.process_index}.jsonl"))
     self.logger: MetricsLogger | None = None
     self._stop = threading.Event()
     self._route: _Route | None = None
@@ -128,7 +124,7 @@ class Trainer:
   # -- setup ----------------------------------------------------------------------------
 
   def _env_factory(self):
-    return SweEnv(self.env_config, audit_log=self.audit)
+    return self.env_family.make_env(self.env_spec, self.audit)
 
   def _build_route(self, name: str, config: ml_collections.ConfigDict) -> _Route:
     if self._route is not None:
@@ -136,15 +132,12 @@ class Trainer:
       self._route.eval_engine.close()
     spec = model_config_lib.validate(config.model)
     model = transformer.Model(spec)
-    rl_spec = rl_config_lib.validate(config.rl, config.model)
-    rollout_spec = rollout_config_lib.validate(config.rollout, spec)
-    eval_cfg = ml_collections.ConfigDict(config.rollout.to_dict())
-    tc = self.base_config.train
-    eval_cfg.temperature = float(tc.eval_temperature)
-    eval_cfg.group_size = int(tc.eval_samples)
-    if tc.eval_temperature == 0:
-      eval_cfg.top_k, eval_cfg.top_p = 0, 1.0
-    eval_spec = rollout_config_lib.validate(eval_cfg, spec)
+    rl_spec = rl_config_lib.validate(config.rl, config.model, config.rollout)
+    rollout_spec = rollout_config_lib.validate(config.rollout, spec, seed=config.seed)
+    tc = self.train_spec
+    greedy = {"top_k": 0, "top_p": 1.0} if tc.eval_temperature == 0 else {}
+    eval_spec = dataclasses.replace(rollout_spec, temperature=tc.eval_temperature,
+                                    group_size=tc.eval_samples, **greedy)
     # Weights arrive through set_params before every use.
     engine = engine_lib.RolloutEngine(model, None, rollout_spec, self.tokenizer,
                                       self._env_factory)
@@ -155,7 +148,7 @@ class Trainer:
                   eval_engine)
 
   def _route_for_step(self, rl_step: int) -> tuple[str, ml_collections.ConfigDict]:
-    switch = self.base_config.train.switch_to_route_a_at
+    switch = self.train_spec.switch_to_route_a_at
     if switch >= 0 and rl_step >= switch:
       return "A", train_config_lib.apply_overrides(self.base_config,
                                                    self.base_config.route_a)
@@ -168,7 +161,7 @@ class Trainer:
     return self._route
 
   def _train_task(self, task_id: str):
-    """The SweTask of a pool id "tier/index" (cached: the pool revisits tasks)."""
+    """The task of a pool id "tier/index" (cached: the pool revisits tasks)."""
     task = self._task_cache.get(task_id)
     if task is None:
       tier, index = task_id.split("/")
@@ -205,7 +198,7 @@ class Trainer:
             "heldout/mean_reward": float(np.mean(rewards)),
             "heldout/num_tasks": int(num_tasks),
             "heldout/episodes": int(rewards.size),
-            "heldout/temperature": float(self.base_config.train.eval_temperature)}
+            "heldout/temperature": float(self.train_spec.eval_temperature)}
 
   def _heldout_solved(self, params, num_tasks: int) -> tuple[np.ndarray, np.ndarray]:
     """([num_tasks, eval_samples] solved matrix, every episode's reward), all processes."""
@@ -235,7 +228,7 @@ class Trainer:
     """Held-out scores of `params` under this config's eval settings, with the pass@k
     curve and each task's solves (what launch/evaluate and launch/export_base report)."""
     self._ensure_route(0)
-    num_tasks = int(self.base_config.train.eval_tasks)
+    num_tasks = int(self.train_spec.eval_tasks)
     t0 = time.time()
     solved_bk, rewards = self._heldout_solved(params, num_tasks)
     curve = pass_at_k_curve(solved_bk)
@@ -250,7 +243,7 @@ class Trainer:
             "seconds": time.time() - t0}
 
   def _eval_settings(self) -> dict:
-    tc = self.base_config.train
+    tc = self.train_spec
     return dict(zip(_EVAL_SETTING_KEYS, (int(tc.eval_tasks), int(tc.eval_samples),
                                          float(tc.eval_temperature))))
 
@@ -268,26 +261,18 @@ class Trainer:
     params = route.model.init(jax.random.key(self.base_config.seed))
     # The KL reference is the policy RL starts from: set when SFT hands over or the start
     # params are loaded (_with_reference); a checkpoint carries it from then on.
-    ref = params if route.rl_spec.kl_coef > 0 else None
+    ref = params if route.rl_spec.loss.kl_coef > 0 else None
     state = train_step_lib.init_train_state(route.model, params, route.rl_spec, ref_params=ref)
     rng = jax.random.key_data(jax.random.key(self.base_config.seed + 1))
     return {"train": state, "rng": rng}
 
-  def sft_spec(self, route: _Route):
-    """The RL optimiser settings with SFT's learning rate, its cosine spanning the SFT steps
-    (not config.rl.optim.decay_steps, which is the RL phase's length)."""
-    tc = self.base_config.train
-    warmup = route.rl_spec.warmup_steps
-    return route.rl_spec.replace(learning_rate=tc.sft_learning_rate,
-                                 decay_steps=max(int(tc.sft_steps), warmup + 1),
-                                 ppo_epochs=1, minibatches=1)
-
   def _sft_optimizer(self, route: _Route):
-    return train_step_lib.make_optimizer(self.sft_spec(route))
+    return train_step_lib.make_optimizer(
+        sft_lib.sft_learner_spec(route.rl_spec, self.train_spec))
 
   def run(self) -> dict:
     start_wall = time.time()
-    cfg, tc = self.base_config, self.base_config.train
+    cfg, tc = self.base_config, self.train_spec
     num_rl_steps = int(cfg.rl.num_steps)
     route = self._ensure_route(0)
     holder = self._init_state(route)
@@ -410,7 +395,7 @@ class Trainer:
   # -- SFT -----------------------------------------------------------------------------
 
   def _run_sft(self, route, holder, extras, ckpt):
-    tc = self.base_config.train
+    tc = self.train_spec
     if extras["phase"] != "sft":
       return holder, extras
     optimizer = self._sft_optimizer(route)
@@ -424,12 +409,14 @@ class Trainer:
     t0 = time.time()
     demos = sft_lib.render_demonstrations(self.tokenizer, route.rollout_spec,
                                           self._env_factory, tasks,
-                                          route.rollout_spec.system_prompt)
+                                          route.rollout_spec.system_prompt,
+                                          play_expert=self.env_family.play_expert)
     long_idx = [i for i, d in enumerate(demos) if d is None]
     if long_idx:  # An action over max_new_tokens_per_turn: the engine truncates it as RL would.
       recorded = sft_lib.record_demonstrations(
           route.model, self._local(state.params), route.rollout_spec, self.tokenizer,
-          self._env_factory, [tasks[i] for i in long_idx], steps=route.engine.steps)
+          self._env_factory, [tasks[i] for i in long_idx],
+          play_expert=self.env_family.play_expert, steps=route.engine.steps)
       for i, d in zip(long_idx, recorded):
         demos[i] = d
     # Every process pads to the same length: the batch is one global array.
@@ -495,12 +482,13 @@ class Trainer:
     return holder, extras
 
   def _sft_plateau(self, route, length):
-    tc = self.base_config.train
+    tc = self.train_spec
     first = tc.sft_demos  # Train tasks the SFT set does not hold.
     tasks = [self.train_source[first + i] for i in range(tc.sft_validation_demos)]
     demos = sft_lib.render_demonstrations(self.tokenizer, route.rollout_spec,
                                           self._env_factory, tasks,
-                                          route.rollout_spec.system_prompt)
+                                          route.rollout_spec.system_prompt,
+                                          play_expert=self.env_family.play_expert)
     demos = [d for d in demos if d is not None]
     arrays = {k: jnp.asarray(v) for k, v in sft_lib.demonstration_arrays(demos, length).items()}
     score = jax.jit(lambda p: sft_lib.demonstration_scores(route.model, p, arrays))
@@ -508,7 +496,7 @@ class Trainer:
 
   def _evaluate_start(self, params, extras):
     """Scores the checkpoint RL starts from (logged once; saved with the next checkpoint)."""
-    extras["heldout_sft"] = self.evaluate(params, self.base_config.train.eval_tasks)
+    extras["heldout_sft"] = self.evaluate(params, self.train_spec.eval_tasks)
     start = extras["heldout_sft"]
     self.logger.scalars(extras["sft_step"] + extras["rl_step"],
                         {k.replace("heldout/", "heldout_sft/"): v
@@ -527,16 +515,16 @@ class Trainer:
     stream = _TaskStream(self.train_sources, self.base_config.seed)
     pool = task_selection.TaskPool(
         spec, stream, family_of=lambda t: (t.split("/")[0],
-                                           self._train_task(t).bugs[0].family),
+                                           self.env_family.task_family(self._train_task(t))),
         shard=(self.info.process_index, self.info.process_count),
-        default_tier=self.env_config.default_tier)
+        default_tier=self.env_spec.default_tier)
     if extras.get("pool"):
       pool.load_state_dict(extras["pool"])
       stream.position.update(extras["stream"])
     return pool, stream
 
   def _run_rl(self, holder, extras, ckpt, num_steps):
-    cfg, tc = self.base_config, self.base_config.train
+    cfg, tc = self.base_config, self.train_spec
     state = holder["train"]
     if self.info.process_count > 1:
       state = distributed.replicate(self.mesh, jax.device_get(state))

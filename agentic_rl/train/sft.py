@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from agentic_rl.envs import expert
 from agentic_rl.rl.train_step import TrainState
 from agentic_rl.rollout import engine as engine_lib
 from agentic_rl.rollout import teacher as teacher_lib
@@ -27,16 +26,23 @@ from agentic_rl.rollout.trajectory import Trajectory
 from agentic_rl.rollout.valid_text import valid_text
 
 
-def record_demonstrations(model, params, rollout_spec, tokenizer, env_factory, tasks,
-                          steps=None) -> list[Trajectory]:
-  """One teacher-forced trajectory per task, replaying the expert's actions."""
+def sft_learner_spec(rl_spec, train_spec):
+  """The learner spec of the SFT phase: config.train.sft_optim over sft_steps updates."""
+  return rl_spec.replace(optim=train_spec.sft_optim, num_steps=train_spec.sft_steps,
+                         ppo_epochs=1, minibatches=1)
+
+
+def record_demonstrations(model, params, rollout_spec, tokenizer, env_factory, tasks, *,
+                          play_expert, steps=None) -> list[Trajectory]:
+  """One teacher-forced trajectory per task, replaying the actions of the env's expert
+  (`play_expert(env, task)`, registry.EnvFamily.play_expert)."""
   # One demonstration per task: G identical teacher-forced copies would teach nothing more.
   rollout_spec = dataclasses.replace(rollout_spec, group_size=1)
-  actions = teacher_lib.record_expert_actions(tasks, env_factory, expert.play_expert)
-  by_seed = {task.seed: a for task, a in zip(tasks, actions)}
+  actions = teacher_lib.record_expert_actions(tasks, env_factory, play_expert)
+  by_task = {id(task): a for task, a in zip(tasks, actions)}
   engine = engine_lib.RolloutEngine(
       model, params, rollout_spec, tokenizer, env_factory, steps=steps,
-      teacher_factory=lambda task: teacher_lib.ReplayTeacher(by_seed[task.seed]))
+      teacher_factory=lambda task: teacher_lib.ReplayTeacher(by_task[id(task)]))
   try:
     return engine.run(tasks)
   finally:
@@ -93,12 +99,12 @@ def render_demonstration(tokenizer, rollout_spec, first_observation: str,
   return Demonstration(np.asarray(tokens, np.int32), np.asarray(mask, np.float32))
 
 
-def render_demonstrations(tokenizer, rollout_spec, env_factory, tasks, system_prompt: str = ""
-                          ) -> list[Demonstration | None]:
+def render_demonstrations(tokenizer, rollout_spec, env_factory, tasks, system_prompt: str = "",
+                          *, play_expert) -> list[Demonstration | None]:
   """The expert plays every task on fresh envs; None where an action exceeds the turn's cap
   (the engine would truncate it: record those with `record_demonstrations`)."""
   def play(env, task):
-    r = expert.play_expert(env, task)
+    r = play_expert(env, task)
     prompt = getattr(env, "system_prompt", None) or system_prompt
     return render_demonstration(tokenizer, rollout_spec, r.first_observation, r.turns, prompt)
 

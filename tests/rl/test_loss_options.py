@@ -37,7 +37,7 @@ _batch_advantages = jax.jit(adv_lib.batch_advantages, static_argnums=0)
 
 
 def _loss(env, spec, batch):
-  norms = objectives.loss_normalizers(batch.loss_mask_bt, spec.constant_normalizer)
+  norms = objectives.loss_normalizers(batch.loss_mask_bt, spec.loss.constant_normalizer)
   adv = (jnp.zeros_like(batch.loss_mask_bt) if spec.uses_values else
          _batch_advantages(spec, batch.rewards_b, batch.group_id_b, batch.loss_mask_bt,
                            batch.process_reward_bt, batch.turn_index_bt))
@@ -133,9 +133,9 @@ def _np_advantages(spec, d):
   """[B, T] advantages of every group estimator (not gae) on generated tokens."""
   mask, valid = d["mask"], d["mask"].sum(1) > 0
   r, g = REWARDS2, GROUPS2
-  if spec.estimator in ("grpo", "grpo_no_std", "dr_grpo"):
-    adv_b = _np_group_norm(r, g, valid, spec.estimator == "grpo", spec.adv_eps)
-  elif spec.estimator == "rloo":  # R_i - mean of the others in its group
+  if spec.advantage.estimator in ("grpo", "grpo_no_std", "dr_grpo"):
+    adv_b = _np_group_norm(r, g, valid, spec.advantage.estimator == "grpo", spec.advantage.eps)
+  elif spec.advantage.estimator == "rloo":  # R_i - mean of the others in its group
     adv_b = np.zeros(len(r))
     for i in range(len(r)):
       others = (g == g[i]) & (np.arange(len(r)) != i)
@@ -143,19 +143,19 @@ def _np_advantages(spec, d):
       if others.any() and not np.all(same == same[0]):
         adv_b[i] = r[i] - r[others].mean()
   else:
-    assert spec.estimator == "turn_level"
-    outcome_b = _np_group_norm(r, g, valid, spec.turn_normalize_std, spec.adv_eps)
+    assert spec.advantage.estimator == "turn_level"
+    outcome_b = _np_group_norm(r, g, valid, spec.advantage.turn_normalize_std, spec.advantage.eps)
     turn_bt = np.minimum(d["turn"], spec.max_turns - 1)
     num_turns = turn_bt.max() + 1
     signal_bj = np.stack([(d["process"] * (turn_bt == j)).sum(1) for j in range(num_turns)], 1)
     present_bj = np.stack([(mask * (turn_bt == j)).sum(1) > 0 for j in range(num_turns)], 1)
-    return_bj = np.stack([sum(spec.turn_gamma ** (k - j) * signal_bj[:, k]
+    return_bj = np.stack([sum(spec.advantage.turn_gamma ** (k - j) * signal_bj[:, k]
                               for k in range(j, num_turns)) for j in range(num_turns)], 1)
     turn_adv_bj = np.stack([_np_group_norm(return_bj[:, j], g, present_bj[:, j],
-                                           spec.turn_normalize_std, spec.adv_eps)
+                                           spec.advantage.turn_normalize_std, spec.advantage.eps)
                             for j in range(num_turns)], 1)
     turn_adv_bt = np.take_along_axis(turn_adv_bj, turn_bt, axis=1)
-    return (outcome_b[:, None] + spec.turn_weight * turn_adv_bt) * mask
+    return (outcome_b[:, None] + spec.advantage.turn_weight * turn_adv_bt) * mask
   return adv_b[:, None] * mask
 
 
@@ -169,8 +169,8 @@ def _np_gae(spec, d, values_bt):
     pending = REWARDS2[i]
     for j in reversed(range(t)):
       if d["mask"][i, j] > 0:
-        delta = d["process"][i, j] + pending + spec.gamma * next_v - values_bt[i, j]
-        adv_bt[i, j] = delta + spec.gamma * spec.gae_lambda * next_a
+        delta = d["process"][i, j] + pending + spec.advantage.gamma * next_v - values_bt[i, j]
+        adv_bt[i, j] = delta + spec.advantage.gamma * spec.advantage.gae_lambda * next_a
         next_v, next_a, pending = values_bt[i, j], adv_bt[i, j], 0.0
       else:
         pending += d["process"][i, j]
@@ -179,33 +179,33 @@ def _np_gae(spec, d, values_bt):
 
 def _np_aggregate(x_bt, spec, mask):
   x_bt = np.where(mask > 0, x_bt, 0.0)
-  if spec.aggregation == "token":
+  if spec.loss.aggregation == "token":
     return x_bt.sum() / mask.sum()
-  if spec.aggregation == "sequence":
+  if spec.loss.aggregation == "sequence":
     has = mask.sum(1) > 0
     return np.sum(x_bt.sum(1)[has] / mask.sum(1)[has]) / has.sum()
-  length = spec.constant_normalizer or mask.shape[1]
+  length = spec.loss.constant_normalizer or mask.shape[1]
   return x_bt.sum() / (mask.shape[0] * length)
 
 
 def _np_correction(spec, log_ratio_bt, mask):
   """(weights, rejected) of r = pi_old / pi_sampler per token (rejected: truncated/masked)."""
   r = np.exp(log_ratio_bt)
-  if spec.correction == "none":
+  if spec.correction.type == "none":
     return np.ones_like(r), np.zeros(r.shape, bool)
-  if spec.correction == "tis":
-    return np.minimum(r, spec.tis_cap), r > spec.tis_cap
-  if spec.correction in ("mis_token", "icepop"):
-    lo, hi = ((spec.mis_low, spec.mis_high) if spec.correction == "mis_token"
-              else (spec.icepop_low, spec.icepop_high))
+  if spec.correction.type == "tis":
+    return np.minimum(r, spec.correction.tis_cap), r > spec.correction.tis_cap
+  if spec.correction.type in ("mis_token", "icepop"):
+    lo, hi = ((spec.correction.mis_low, spec.correction.mis_high) if spec.correction.type == "mis_token"
+              else (spec.correction.icepop_low, spec.correction.icepop_high))
     keep = (r >= lo) & (r <= hi)
     return np.where(keep, r, 0.0), ~keep
   total_b = (log_ratio_bt * mask).sum(1)
-  if spec.mis_sequence_ratio == "product":
+  if spec.correction.mis_sequence_ratio == "product":
     rho_b = np.exp(total_b)
   else:
     rho_b = np.exp(total_b / mask.sum(1))
-  keep_b = (rho_b >= spec.mis_low) & (rho_b <= spec.mis_high)
+  keep_b = (rho_b >= spec.correction.mis_low) & (rho_b <= spec.correction.mis_high)
   return (np.repeat(np.where(keep_b, rho_b, 0.0)[:, None], r.shape[1], 1),
           np.repeat(~keep_b[:, None], r.shape[1], 1))
 
@@ -222,12 +222,12 @@ def _np_loss(spec, d) -> dict:
   """The learner's loss sums on the composed batch, all in float64."""
   mask = d["mask"]
   on = mask > 0
-  logp = d["logp_masked"] if spec.replay_sampling_mask else d["logp_free"]
-  entropy = d["entropy_masked"] if spec.replay_sampling_mask else d["entropy_free"]
+  logp = d["logp_masked"] if spec.replay.sampling_mask else d["logp_free"]
+  entropy = d["entropy_masked"] if spec.replay.sampling_mask else d["entropy_free"]
   logp = np.where(on, logp, 0.0)
   old = np.where(on, d["old"], 0.0)
   sampler = np.where(on, d["sampler"], 0.0)
-  ppo_old = sampler if spec.old_logp_source == "sampler" else old
+  ppo_old = sampler if spec.objective.old_logp_source == "sampler" else old
   out = {}
   value_loss = 0.0
   if spec.uses_values:
@@ -235,15 +235,15 @@ def _np_loss(spec, d) -> dict:
     old_values = np.where(on, d["old_values"], 0.0)
     adv, returns = _np_gae(spec, d, old_values)
     v_bt = 0.5 * (values - returns) ** 2
-    if spec.value_clip > 0:
-      clipped = old_values + np.clip(values - old_values, -spec.value_clip, spec.value_clip)
+    if spec.loss.value_clip > 0:
+      clipped = old_values + np.clip(values - old_values, -spec.loss.value_clip, spec.loss.value_clip)
       v_bt = np.maximum(v_bt, 0.5 * (clipped - returns) ** 2)
     value_loss = out["value_loss"] = _np_aggregate(v_bt, spec, mask)
   else:
     adv = _np_advantages(spec, d)
   weights, rejected = _np_correction(spec, (old - sampler) * mask, mask)
   low, high = spec.clip_range
-  if spec.objective == "ppo_clip":
+  if spec.objective.type == "ppo_clip":
     ratio = np.exp(logp - ppo_old)
   else:  # GSPO: every token carries its sequence's length-normalised ratio
     ratio = np.repeat(np.exp(((logp - ppo_old) * mask).sum(1) / mask.sum(1))[:, None],
@@ -251,17 +251,17 @@ def _np_loss(spec, d) -> dict:
   unclipped, clipped = ratio * adv, np.clip(ratio, 1 - low, 1 + high) * adv
   pg = _np_aggregate(-np.minimum(unclipped, clipped) * weights * mask, spec, mask)
   ent = _np_aggregate(entropy, spec, mask)
-  loss = pg - spec.entropy_coef * ent + spec.value_coef * value_loss
-  if spec.kl_coef > 0:
+  loss = pg - spec.loss.entropy_coef * ent + spec.loss.value_coef * value_loss
+  if spec.loss.kl_coef > 0:
     out["kl_to_ref"] = _np_aggregate(_np_kl(logp - np.where(on, d["ref"], 0.0),
-                                            spec.kl_estimator), spec, mask)
-    loss += spec.kl_coef * out["kl_to_ref"]
+                                            spec.loss.kl_estimator), spec, mask)
+    loss += spec.loss.kl_coef * out["kl_to_ref"]
   out.update(loss=loss + d["moe_aux_loss"], pg_loss=pg, entropy=ent,
              clipped_count=np.sum((clipped < unclipped) & on),
              advantage_sum=np.sum(np.where(on, adv, 0.0)),
              corr_weight_sum=np.sum(weights * mask),
              corr_rejected_count=np.sum(rejected & on))
-  if spec.correction == "mis_sequence":
+  if spec.correction.type == "mis_sequence":
     out["corr_rejected_sequences"] = np.sum(rejected[:, 0] & (mask.sum(1) > 0))
   return out
 
@@ -321,8 +321,8 @@ def test_every_option_matches_a_float64_reference(composed, changes):
   want = _np_loss(spec, composed["numpy"])
   assert set(want) - {"loss"} <= set(sums)
   assert ("value_loss" in sums) == spec.uses_values
-  assert ("kl_to_ref" in sums) == (spec.kl_coef > 0)
-  assert ("corr_rejected_sequences" in sums) == (spec.correction == "mis_sequence")
+  assert ("kl_to_ref" in sums) == (spec.loss.kl_coef > 0)
+  assert ("corr_rejected_sequences" in sums) == (spec.correction.type == "mis_sequence")
   np.testing.assert_allclose(float(loss), want["loss"], rtol=1e-5, atol=1e-6)
   for k, v in want.items():
     np.testing.assert_allclose(float(sums[k]), v, rtol=1e-5, atol=1e-5, err_msg=k)

@@ -2,7 +2,6 @@
 clip binds from the second update on, and the bandit learns from fewer sampled episodes."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

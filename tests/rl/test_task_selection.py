@@ -1,5 +1,5 @@
-"""Task selection: pass-rate tracker, priorities, held-out split and evaluation, dynamic
-sampling, the revisited task pool and its curriculum."""
+"""Task selection: pass-rate tracker, priorities, dynamic sampling, the revisited task pool
+and its curriculum."""
 
 import collections
 import json
@@ -13,14 +13,13 @@ from tests.rl import tiny_model
 
 
 def test_tracker_hand_example():
-  tracker = tsel.PassRateTracker(window=3, pass_threshold=1.0, prior_pass_rate=0.5,
-                                 prior_weight=1.0)
+  tracker = tsel.PassRateTracker(window=3, prior_pass_rate=0.5, prior_weight=1.0)
   assert tracker.pass_rate("a") == 0.5  # unseen: the prior
   tracker.update(["a"] * 4, [1.0, 0.0, 1.0, 1.0])
   # Last three outcomes [fail, pass, pass]: (2 + 0.5 * 1) / (3 + 1).
   assert tracker.pass_rate("a") == pytest.approx(0.625)
   assert tracker.attempts("a") == 3
-  tracker.update(["b", "b"], [0.99, 0.2])  # below the threshold: both fail
+  tracker.update(["b", "b"], [0.99, 0.2])  # below SOLVED_REWARD: both fail
   assert tracker.pass_rate("b") == pytest.approx(0.5 / 3)
   restored = tsel.PassRateTracker(window=3, prior_weight=1.0)
   restored.load_state_dict(tracker.state_dict())
@@ -41,58 +40,24 @@ def test_task_weights_hand_example():
     tsel.task_weights(p, "hardest")
 
 
-def test_split_is_deterministic_sized_and_stable():
-  tasks = [f"task-{i}" for i in range(2000)]
-  train, held = tsel.split_heldout(tasks, 0.2, seed=3)
-  assert set(train) | set(held) == set(tasks) and not set(train) & set(held)
-  assert 0.17 < len(held) / len(tasks) < 0.23
-  assert tsel.split_heldout(tasks, 0.2, seed=3) == (train, held)
-  # Adding tasks never moves an existing one across the split.
-  _, held_more = tsel.split_heldout(tasks + [f"new-{i}" for i in range(100)], 0.2, seed=3)
-  assert set(held) <= set(held_more)
-  assert tsel.split_heldout(tasks, 0.2, seed=4)[1] != held
-  with pytest.raises(ValueError, match="unique"):
-    tsel.split_heldout(["a", "a"], 0.1)
+class _Selector:
+  """The selector interface DynamicSampler drives (TaskPool's), over a fixed task list:
+  uniform picks, outcomes into a pass-rate tracker."""
+
+  def __init__(self, task_ids, spec, seed=0):
+    self.spec, self.tasks = spec, list(task_ids)
+    self.tracker = tsel.PassRateTracker.from_spec(spec)
+    self._rng = np.random.default_rng(seed)
+
+  def sample(self, n):
+    return [self.tasks[i] for i in self._rng.integers(0, len(self.tasks), n)]
+
+  def record(self, task_ids, rewards):
+    self.tracker.update(task_ids, rewards)
 
 
 def _selector(task_ids, **changes):
-  spec = tiny_model.rl_spec(**{"task_selection.heldout_fraction": 0.0,
-                               "task_selection.pass_threshold": 1.0, **changes})
-  return tsel.TaskSelector(task_ids, spec, seed=0)
-
-
-def test_selector_prefers_middling_pass_rates():
-  selector = _selector(["always", "never", "half"])
-  selector.record(["always"] * 20 + ["never"] * 20 + ["half"] * 20,
-                  [1.0] * 20 + [0.0] * 20 + [1.0, 0.0] * 10)
-  counts = {"always": 0, "never": 0, "half": 0}
-  for _ in range(2000):
-    counts[selector.sample(1)[0]] += 1
-  # Weights: half ~1, always/never 4p(1-p) ~0.09 (prior-shrunk), so 'half' dominates.
-  assert counts["half"] > 0.75 * 2000, counts
-  picks = selector.sample(7)
-  assert len(picks) == 7 and set(picks) == {"always", "never", "half"}
-
-
-def test_heldout_tasks_are_never_trained_and_evaluated_apart():
-  spec = tiny_model.rl_spec(**{"task_selection.heldout_fraction": 0.3})
-  tasks = [f"t{i}" for i in range(50)]
-  selector = tsel.TaskSelector(tasks, spec)
-  assert selector.heldout_tasks and not set(selector.sample(200)) & set(selector.heldout_tasks)
-  with pytest.raises(ValueError, match="held-out"):
-    selector.record([selector.heldout_tasks[0]], [1.0])
-
-  def run_task(task, n):  # task t{i} passes its first i % 3 samples of n
-    i = int(task[1:])
-    return [1.0 if k < i % 3 else 0.25 for k in range(n)]
-
-  result = tsel.evaluate_heldout(run_task, selector.heldout_tasks, samples_per_task=4,
-                                 pass_threshold=1.0)
-  passes = np.array([int(t[1:]) % 3 for t in selector.heldout_tasks])
-  assert result["pass_rate"] == pytest.approx(passes.sum() / (4 * len(passes)))
-  assert result["solved_frac"] == pytest.approx(np.mean(passes > 0))
-  assert result["mean_reward"] == pytest.approx(np.mean(passes * 1.0 + (4 - passes) * 0.25) / 4)
-  assert selector.tracker.attempts(selector.heldout_tasks[0]) == 0
+  return _Selector(task_ids, tiny_model.rl_spec(**changes))
 
 
 def _generate(rewards_by_task):
@@ -105,7 +70,7 @@ def _generate(rewards_by_task):
 def test_dynamic_sampling_keeps_informative_groups_and_refills():
   rewards = {"easy": lambda g: [1.0] * g, "hard": lambda g: [0.0] * g,
              "mid": lambda g: [1.0, 0.0] * (g // 2)}
-  selector = _selector(list(rewards), **{"task_selection.group_size": 4,
+  selector = _selector(list(rewards), **{"group_size": 4,
                                          "task_selection.max_sampling_rounds": 50,
                                          "task_selection.priority": "uniform"})
   sampler = ds.DynamicSampler(selector, _generate(rewards))
@@ -119,7 +84,7 @@ def test_dynamic_sampling_keeps_informative_groups_and_refills():
 
 def test_dynamic_sampling_tops_up_when_nothing_is_informative():
   rewards = {"easy": lambda g: [1.0] * g, "hard": lambda g: [0.0] * g}
-  selector = _selector(list(rewards), **{"task_selection.group_size": 4,
+  selector = _selector(list(rewards), **{"group_size": 4,
                                          "task_selection.max_sampling_rounds": 2})
   groups, stats = ds.DynamicSampler(selector, _generate(rewards)).collect(3)
   assert len(groups) == 3 and stats.uninformative_filled == 3 and stats.rounds == 2
@@ -127,7 +92,7 @@ def test_dynamic_sampling_tops_up_when_nothing_is_informative():
 
 def test_dynamic_sampling_off_keeps_everything():
   rewards = {"easy": lambda g: [1.0] * g}
-  selector = _selector(["easy"], **{"task_selection.group_size": 2,
+  selector = _selector(["easy"], **{"group_size": 2,
                                     "task_selection.dynamic_sampling": False})
   groups, stats = ds.DynamicSampler(selector, _generate(rewards)).collect(3)
   assert len(groups) == 3 and stats.rounds == 1 and stats.groups_dropped == 0
@@ -160,8 +125,8 @@ def _tier(task):
 
 
 def _pool(stream=None, *, shard=(0, 1), seed=0, family_of=_tier, **changes):
-  spec = tiny_model.rl_spec(**{"task_selection.pass_threshold": 1.0, **{
-      f"task_selection.{k}": v for k, v in changes.items()}})
+  group = {"group_size": changes.pop("group_size")} if "group_size" in changes else {}
+  spec = tiny_model.rl_spec(**group, **{f"task_selection.{k}": v for k, v in changes.items()})
   return tsel.TaskPool(spec, stream if stream is not None else _Stream(), family_of=family_of,
                        shard=shard, rng=np.random.default_rng(seed), default_tier="t")
 
@@ -284,7 +249,7 @@ def test_never_seen_task_starts_from_its_family_pass_rate():
   assert pool.families.pass_rate("a") == pytest.approx(family)
   assert pool.pass_rate("a/99") == pytest.approx(family)  # no outcome: the family's rate
   assert pool.pass_rate("a/0") == pytest.approx((0 + family * 1.0) / (4 + 1.0))
-  assert pool.pass_rate("a/99") < pool.spec.prior_pass_rate == pool.pass_rate("b/0")
+  assert pool.pass_rate("a/99") < pool.spec.task_selection.prior_pass_rate == pool.pass_rate("b/0")
 
 
 def test_curriculum_promotes_once_the_window_passes_and_not_before():
@@ -364,13 +329,13 @@ def test_dynamic_sampling_draws_from_a_task_pool():
 
 def test_task_pool_config_defaults_and_validation():
   spec = tiny_model.rl_spec()
-  assert (spec.pool_size, spec.max_visits, spec.curriculum, spec.curriculum_window,
-          spec.promote_pass_rate, spec.family_prior_weight) == (64, 4, (), 64, 0.7, 4.0)
+  assert (spec.task_selection.pool_size, spec.task_selection.max_visits, spec.task_selection.curriculum, spec.task_selection.curriculum_window,
+          spec.task_selection.promote_pass_rate, spec.task_selection.family_prior_weight) == (64, 4, (), 64, 0.7, 4.0)
   spec = tiny_model.rl_spec(**{"task_selection.curriculum": ["tiny", "small"]})
-  assert spec.curriculum == ("tiny", "small") and hash(spec)
+  assert spec.task_selection.curriculum == ("tiny", "small") and hash(spec)
   for field, value in [("pool_size", -1), ("max_visits", 0),
                        ("curriculum", ("tiny", "")), ("curriculum", ("tiny", "tiny")),
                        ("curriculum", (1,)), ("curriculum_window", 0),
                        ("promote_pass_rate", 1.5), ("family_prior_weight", -1.0)]:
-    with pytest.raises(ValueError, match=f"config.rl.task_selection.{field}="):
+    with pytest.raises(ValueError, match=rf"config.rl.task_selection.{field}[=\[]"):
       tiny_model.rl_spec(**{f"task_selection.{field}": value})

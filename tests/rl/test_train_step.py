@@ -78,7 +78,7 @@ def test_on_policy_metrics_and_loss_value(setup):
   assert float(m["clip_frac"]) == 0.0 and float(m["ppo_ratio_mean"]) == pytest.approx(1.0)
   assert float(m["update_applied"]) == 1.0 and int(m["skipped_steps"]) == 0
   assert float(m["num_tokens"]) == B * (T - PROMPT)
-  assert m["mismatch/by_position/k3"].shape == (s["spec1"].num_position_buckets,)
+  assert m["mismatch/by_position/k3"].shape == (s["spec1"].mismatch.num_position_buckets,)
   assert m["mismatch/by_turn/k3"].shape == (s["spec1"].max_turns,)
   # At ratio 1 the token-mean PPO loss is -mean_t A_t; GRPO by hand over the two groups.
   r = np.asarray(s["batch"].rewards_b, np.float64).reshape(2, 4)

@@ -49,11 +49,15 @@ def make_model(seed=0, init=True, **changes):
 
 
 def rl_spec(**changes):
+  """The default learner spec with `section.field=value` changes; `group_size` and
+  `max_turns` are config.rollout's knobs, joined as the run joins them."""
+  rollout = {"group_size": changes.pop("group_size", 1), "max_turns": changes.pop("max_turns", 8)}
   c = rl_config_lib.default_rl_config()
   for k, v in changes.items():
     *section, name = k.split(".")
     (c[section[0]] if section else c)[name] = v
-  return rl_config_lib.validate(c)
+  # GAE needs the critic: the model's value_head is joined into the spec.
+  return rl_config_lib.validate(c, {"value_head": c.advantage.estimator == "gae"}, rollout)
 
 
 def random_sequences(vocab, b=4, t=40, prompt=12, seed=0):

@@ -5,7 +5,7 @@ import pytest
 
 from agentic_rl.rollout import config as config_lib
 from tests.rollout.conftest import make_engine
-from tests.rollout.countdown_env import CountdownEnv, CountdownTeacher
+from agentic_rl.envs.countdown import CountdownEnv, CountdownTeacher
 
 
 def run_one(tiny_model, tokenizer, steps, task, **overrides):

@@ -53,7 +53,16 @@ def test_bad_values_name_the_field(spec, changes, field):
 def test_unknown_fields_are_refused(spec):
   c = config_lib.default_rollout_config()
   c.slots = 4
-  with pytest.raises(ValueError, match="unknown fields \\['slots'\\]"):
+  with pytest.raises(ValueError, match="config.rollout has unknown field slots; valid fields: "
+                                       "env_threads, group_size, "):
+    config_lib.validate(c, spec)
+
+
+def test_the_sampling_seed_is_the_run_seed(spec):
+  assert config_lib.validate(config_lib.default_rollout_config(), spec, seed=7).seed == 7
+  c = config_lib.default_rollout_config()
+  c.seed = 3
+  with pytest.raises(ValueError, match="config.rollout.seed is set from config.seed"):
     config_lib.validate(c, spec)
 
 

@@ -13,7 +13,7 @@ from agentic_rl.rl import logprobs
 from agentic_rl.rollout import config as config_lib
 from agentic_rl.rollout import trajectory as trajectory_lib
 from tests.rollout.conftest import make_engine
-from tests.rollout.countdown_env import CountdownEnv, CountdownTeacher
+from agentic_rl.envs.countdown import CountdownEnv, CountdownTeacher
 
 
 class RecordingFactory:

@@ -16,7 +16,7 @@ import pytest
 from agentic_rl.rollout import engine as engine_lib
 from agentic_rl.rollout.tokenizer import ByteTokenizer
 from tests.rollout.conftest import make_engine, rollout_spec
-from tests.rollout.countdown_env import CountdownEnv
+from agentic_rl.envs.countdown import CountdownEnv
 
 TASKS = [{"start": 2, "pad": 0}]
 

@@ -21,7 +21,7 @@ from agentic_rl.rollout.tokenizer import ByteTokenizer
 from agentic_rl.train import sft as sft_lib
 from agentic_rl.train.loop import END_REASONS, end_reason_metrics
 from tests.rollout.conftest import CHUNK, MAX_LEN, make_engine
-from tests.rollout.countdown_env import CountdownEnv, CountdownTeacher
+from agentic_rl.envs.countdown import CountdownEnv, CountdownTeacher
 from tests.rollout.test_engine import learner_logprobs
 
 REFUSED = "REFUSED"  # Text the picky tokenizer will not encode.
@@ -65,7 +65,7 @@ class FaultyEnv(CountdownEnv):
       raise interrupt()
     result = super().step(action_text)
     if self.task.get("refuse") == turn:
-      result.observation += f"\n{REFUSED}"
+      result = result._replace(observation=f"{result.observation}\n{REFUSED}")
     return result
 
 

@@ -11,6 +11,7 @@ import pytest
 from agentic_rl import resources
 from agentic_rl.envs import config as env_config_lib
 from agentic_rl.envs.datasets import SweTaskSource
+from agentic_rl.envs.expert import play_expert
 from agentic_rl.envs.swe_env import SweEnv
 from agentic_rl.model import config as model_config_lib
 from agentic_rl.model import transformer
@@ -48,7 +49,7 @@ def test_the_shipped_base_loads_and_imitates_the_expert_on_unseen_tasks():
   rollout_spec = rollout_config_lib.validate(config.rollout, spec)
   tasks = [SweTaskSource("heldout", config=env_config)[i] for i in range(500, 508)]
   demos = sft_lib.render_demonstrations(tokenizer, rollout_spec, lambda: SweEnv(env_config),
-                                        tasks)
+                                        tasks, play_expert=play_expert)
   arrays = {k: jnp.asarray(v) for k, v in sft_lib.demonstration_arrays(
       [d for d in demos if d], 512).items()}
   nll, accuracy = sft_lib.demonstration_scores(model, params, arrays)

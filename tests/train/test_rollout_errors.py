@@ -1,6 +1,7 @@
 """The main job survives an environment that raises: the trajectory ends with env_error,
 rollout/end_env_error counts it, and the RL step trains on the batch as usual."""
 
+import dataclasses
 import itertools
 import json
 import os
@@ -8,6 +9,7 @@ import os
 import numpy as np
 import pytest
 
+from agentic_rl.envs import registry
 from agentic_rl.envs.swe_env import SweEnv
 from agentic_rl.train import loop as loop_lib
 from tests.train.tiny_config import tiny_config
@@ -32,8 +34,14 @@ class FlakySweEnv(SweEnv):
 
 @pytest.mark.slow
 def test_an_env_that_raises_ends_its_trajectory_and_the_run_goes_on(tmp_path, monkeypatch):
-  monkeypatch.setattr(loop_lib, "SweEnv", FlakySweEnv)
+  # A flaky variant of the SWE env, by name: the trainer builds envs only through the registry.
+  flaky = dataclasses.replace(
+      registry.get("swe"), name="flaky_swe",
+      make_env=lambda spec, audit_log: FlakySweEnv(spec, audit_log=audit_log))
+  monkeypatch.setitem(registry._BUILDERS, "flaky_swe", lambda: flaky)
+  monkeypatch.setitem(registry._FAMILIES, "flaky_swe", flaky)
   config = tiny_config()
+  config.env.name = "flaky_swe"
   config.train.sft_steps = 0
   config.rl.num_steps = 1
   summary = loop_lib.Trainer(config, str(tmp_path)).run()

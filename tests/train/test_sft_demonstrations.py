@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from agentic_rl.envs import config as env_config_lib
+from agentic_rl.envs.expert import play_expert
 from agentic_rl.envs import datasets
 from agentic_rl.envs import swe_env
 from agentic_rl.model import config as model_config_lib
@@ -56,10 +57,11 @@ def _build(cfg, num_tasks):
 ])
 def test_rendered_demonstrations_equal_the_engines_recording(tier, tokenizer_kind, rollout):
   model, spec, tok, factory, tasks = _setup(tier, tokenizer_kind, **rollout)
-  fast = sft.render_demonstrations(tok, spec, factory, tasks, spec.system_prompt)
+  fast = sft.render_demonstrations(tok, spec, factory, tasks, spec.system_prompt,
+                                   play_expert=play_expert)
   assert all(d is not None for d in fast)
   reference = sft.record_demonstrations(model, model.init(jax.random.key(0)), spec, tok,
-                                        factory, tasks)
+                                        factory, tasks, play_expert=play_expert)
   assert len(fast) == len(reference) == len(tasks)
   for f, r in zip(fast, reference):
     np.testing.assert_array_equal(f.tokens, r.tokens)
@@ -71,7 +73,8 @@ def test_an_action_the_engine_would_truncate_is_not_rendered():
   _, spec, tok, factory, tasks = _setup("tiny", "bpe")
   # A replace call of the tiny tier is ~15 BPE tokens; 'ls' and 'test' are 4-5.
   demos = sft.render_demonstrations(
-      tok, dataclasses.replace(spec, max_new_tokens_per_turn=8), factory, tasks)
+      tok, dataclasses.replace(spec, max_new_tokens_per_turn=8), factory, tasks,
+      play_expert=play_expert)
   assert demos == [None] * len(tasks)
 
 
@@ -89,7 +92,8 @@ def test_sft_base_config_demonstrations_fit_its_budgets():
   model, rollout_spec, tok, factory, tasks = _build(sft_base.get_config(), num_tasks=32)
   assert tok.vocab_size <= model.spec.vocab_size
   assert {t.tier for t in tasks} == {"tiny"}
-  demos = sft.render_demonstrations(tok, rollout_spec, factory, tasks, rollout_spec.system_prompt)
+  demos = sft.render_demonstrations(tok, rollout_spec, factory, tasks, rollout_spec.system_prompt,
+                                    play_expert=play_expert)
   assert all(d is not None for d in demos)  # No action over max_new_tokens_per_turn.
   lengths = [d.length for d in demos]
   assert max(lengths) < rollout_spec.token_limit, lengths  # None cut by the token budget.

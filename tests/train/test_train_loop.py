@@ -226,28 +226,27 @@ def test_two_processes_train_to_identical_params(tmp_path):
   assert summary["rl_steps"] == 2
 
 
-def test_sft_schedule_spans_the_sft_steps_not_the_rl_phase(tmp_path):
+def test_sft_schedule_spans_the_sft_steps_not_the_rl_phase():
   import math
+  from agentic_rl.rl import config as rl_config_lib
   from agentic_rl.rl import train_step as train_step_lib
-  from agentic_rl.train.loop import Trainer
+  from agentic_rl.train import config as train_config_lib
+  from agentic_rl.train import sft as sft_lib
   from tests.train.tiny_config import tiny_config
 
   config = tiny_config()
-  config.train.sft_steps, config.train.sft_learning_rate = 300, 1e-2
+  config.train.sft_steps = 300
+  config.train.sft_optim.learning_rate, config.train.sft_optim.warmup_steps = 1e-2, 2
   config.rl.optim.warmup_steps, config.rl.optim.decay_steps = 2, 20  # RL: a 20-step cosine.
-  trainer = Trainer(config, str(tmp_path))
-  try:
-    spec = trainer.sft_spec(trainer._ensure_route(0))
-    lr = train_step_lib.learning_rate_schedule(spec)
-    end = 1e-2 * config.rl.optim.end_lr_ratio
-    # Hand-computed cosine from step 2 to 300: halfway (step 151) sits midway to the end value.
-    want = end + (1e-2 - end) * 0.5 * (1 + math.cos(math.pi * 149 / 298))
-    assert float(lr(151)) == pytest.approx(want, rel=1e-5)
-    assert float(lr(2)) == pytest.approx(1e-2, rel=1e-6)
-  finally:
-    trainer._route.engine.close()
-    trainer._route.eval_engine.close()
-    trainer.audit.close()
+  spec = sft_lib.sft_learner_spec(
+      rl_config_lib.validate(config.rl, config.model, config.rollout),
+      train_config_lib.validate_train_config(config.train))
+  lr = train_step_lib.learning_rate_schedule(spec)
+  end = 1e-2 * config.train.sft_optim.end_lr_ratio
+  # Hand-computed cosine from step 2 to 300: halfway (step 151) sits midway to the end value.
+  want = end + (1e-2 - end) * 0.5 * (1 + math.cos(math.pi * 149 / 298))
+  assert float(lr(151)) == pytest.approx(want, rel=1e-5)
+  assert float(lr(2)) == pytest.approx(1e-2, rel=1e-6)
 
 
 def test_summary_gain_is_final_minus_start_hand_computed():

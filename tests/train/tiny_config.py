@@ -14,7 +14,6 @@ def tiny_config(seed: int = 0, base=None):
   r.max_turns = 3
   r.max_new_tokens_per_turn = 12
   r.env_threads = 4
-  config.rl.task_selection.group_size = 2
   config.rl.task_selection.max_sampling_rounds = 1
   config.rl.num_steps = 3
   t = config.train
