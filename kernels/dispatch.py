@@ -6,21 +6,10 @@ Every backend implements the signatures of `kernels.reference`. Selection
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-from typing import Callable
 
 from kernels import reference
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionOps:
-  causal_attention: Callable
-  sliding_window_attention: Callable
-  # Uncached self-attention (q, k, v, pos_bt, *, window): the training path of S layers.
-  local_window_attention: Callable
-  block_sparse_attention: Callable
-  select_blocks: Callable
+from kernels.ops import AttentionOps
 
 
 REFERENCE_OPS = AttentionOps(

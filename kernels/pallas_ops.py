@@ -22,11 +22,11 @@ import functools
 
 import jax
 
-from kernels import dispatch
 from kernels import pallas_block_sparse
 from kernels import pallas_common
 from kernels import pallas_flash
 from kernels import reference
+from kernels.ops import AttentionOps
 
 BLOCK_SPARSE_IMPLS = ("portable", "tpu_prefetch")
 
@@ -58,7 +58,7 @@ def with_reference_vjp(kernel, reference_op, num_static: int):
 def make_ops(interpret: bool = False, *, platform: str | None = None,
              block_sparse_impl: str = "portable",
              block_q_rows: int = pallas_flash.DEFAULT_BLOCK_Q_ROWS,
-             block_k: int = pallas_flash.DEFAULT_BLOCK_K) -> dispatch.AttentionOps:
+             block_k: int = pallas_flash.DEFAULT_BLOCK_K) -> AttentionOps:
   """Pallas AttentionOps with the reference signatures.
 
   interpret: run the kernels in Pallas interpret mode (CPU). platform: 'gpu',
@@ -110,7 +110,7 @@ def make_ops(interpret: bool = False, *, platform: str | None = None,
   def block_sparse_attention(q_bthd, k_bshd, v_bshd, blocks_bktn, q_pos_bt, *, block_size):
     return sparse(q_bthd, k_bshd, v_bshd, blocks_bktn, q_pos_bt, block_size)
 
-  return dispatch.AttentionOps(
+  return AttentionOps(
       causal_attention=causal_attention,
       sliding_window_attention=sliding_window_attention,
       local_window_attention=lambda q, k, v, pos, *, window: sliding_window_attention(

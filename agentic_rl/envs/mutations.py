@@ -15,7 +15,6 @@ wrong_comparison.
 from __future__ import annotations
 
 import ast
-import copy
 import dataclasses
 import threading
 from collections.abc import Iterator
@@ -184,13 +183,6 @@ def _mutate_in_place(nodes: list[ast.AST], parents: dict[int, ast.AST], m: Mutat
 
 def _parents(fn: ast.AST) -> dict[int, ast.AST]:
   return {id(c): p for p in ast.walk(fn) for c in ast.iter_child_nodes(p)}
-
-
-def apply_mutation(fn: ast.FunctionDef, m: Mutation) -> ast.FunctionDef:
-  """A mutated deep copy of `fn`."""
-  fn2 = copy.deepcopy(fn)
-  _mutate_in_place(_nodes(fn2), _parents(fn2), m)
-  return ast.fix_missing_locations(fn2)
 
 
 def one_line_change(before: str, after: str) -> tuple[int, str, str] | None:

@@ -1,8 +1,7 @@
 """The RL learner: trajectories in, updates out, the train-inference mismatch always measured.
+(The Batch record and the sampling masks it reads live in agentic_rl/records.)
 
   config           config.rl defaults, validation, RLSpec
-  batch            the learner's Batch pytree (what the rollout engine records)
-  sampling_mask    pack / unpack / apply top-k, top-p masks (Keep Sampling Mask)
   logprobs         target-aligned token log-probs and entropies
   advantages       GRPO, Dr. GRPO, RLOO, turn-level, GAE
   objectives       PPO-clip (clip-higher), GSPO, aggregation, KL to reference, value loss

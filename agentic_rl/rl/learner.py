@@ -24,7 +24,7 @@ from agentic_rl.rl import corrections
 from agentic_rl.rl import logprobs as logprobs_lib
 from agentic_rl.rl import mismatch
 from agentic_rl.rl import objectives
-from agentic_rl.rl.batch import Batch
+from agentic_rl.records.batch import Batch
 from agentic_rl.rl.config import RLSpec
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from agentic_rl.rl import sampling_mask as sampling_mask_lib
+from agentic_rl.records import sampling_mask as sampling_mask_lib
 
 
 def prepend_zero_column(x_b_tm1: jax.Array) -> jax.Array:

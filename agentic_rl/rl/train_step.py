@@ -41,7 +41,7 @@ from agentic_rl.rl import advantages as adv_lib
 from agentic_rl.rl import learner
 from agentic_rl.rl import mismatch
 from agentic_rl.rl import objectives
-from agentic_rl.rl.batch import Batch
+from agentic_rl.records.batch import Batch
 from agentic_rl.rl.config import RLSpec
 
 

@@ -70,11 +70,11 @@ import numpy as np
 
 from agentic_rl.model import cache as cache_lib
 from agentic_rl.model import transformer
-from agentic_rl.rl import sampling_mask as sampling_mask_lib
+from agentic_rl.records import sampling_mask as sampling_mask_lib
 from agentic_rl.rollout import config as config_lib
 from agentic_rl.rollout import sampling
 from agentic_rl.rollout.device_steps import DeviceSteps
-from agentic_rl.rollout.trajectory import Trajectory, TrajectoryBuilder
+from agentic_rl.records.trajectory import Trajectory, TrajectoryBuilder
 from agentic_rl.rollout.valid_text import valid_text
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from agentic_rl.rl import sampling_mask as sampling_mask_lib
+from agentic_rl.records import sampling_mask as sampling_mask_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,7 +40,7 @@ from agentic_rl.rl import train_step as train_step_lib
 from agentic_rl.rollout import config as rollout_config_lib
 from agentic_rl.rollout import engine as engine_lib
 from agentic_rl.rollout import tokenizer as tokenizer_lib
-from agentic_rl.rollout.trajectory import to_batch
+from agentic_rl.records.trajectory import to_batch
 from agentic_rl.train import config as train_config_lib
 from agentic_rl.train import distributed
 from agentic_rl.train.curves import history_row, write_curves
@@ -263,8 +263,7 @@ class Trainer:
     # params are loaded (_with_reference); a checkpoint carries it from then on.
     ref = params if route.rl_spec.loss.kl_coef > 0 else None
     state = train_step_lib.init_train_state(route.model, params, route.rl_spec, ref_params=ref)
-    rng = jax.random.key_data(jax.random.key(self.base_config.seed + 1))
-    return {"train": state, "rng": rng}
+    return {"train": state}
 
   def _sft_optimizer(self, route: _Route):
     return train_step_lib.make_optimizer(
@@ -278,8 +277,7 @@ class Trainer:
     holder = self._init_state(route)
     ckpt = Checkpointer(os.path.join(self.workdir, "checkpoints"),
                         max_to_keep=tc.keep_checkpoints)
-    extras = {"phase": "sft" if tc.sft_steps else "rl", "sft_step": 0, "rl_step": 0,
-              "wall_seconds": 0.0}
+    extras = {"phase": "sft" if tc.sft_steps else "rl", "sft_step": 0, "rl_step": 0}
     if self.info.process_count > 1:  # Restore onto the global mesh, replicated.
       holder = distributed.replicate(self.mesh, jax.device_get(holder))
     restored = ckpt.restore(holder)

@@ -22,7 +22,7 @@ import optax
 from agentic_rl.rl.train_step import TrainState
 from agentic_rl.rollout import engine as engine_lib
 from agentic_rl.rollout import teacher as teacher_lib
-from agentic_rl.rollout.trajectory import Trajectory
+from agentic_rl.records.trajectory import Trajectory
 from agentic_rl.rollout.valid_text import valid_text
 
 

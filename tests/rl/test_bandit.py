@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_rl.rl import batch as batch_lib
+from agentic_rl.records import batch as batch_lib
 from agentic_rl.rl import train_step as ts
 from tests.rl import tiny_model
 

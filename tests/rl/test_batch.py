@@ -4,8 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentic_rl.rl import batch as batch_lib
-from agentic_rl.rl import sampling_mask as sm
+from agentic_rl.records import batch as batch_lib
+from agentic_rl.records import sampling_mask as sm
 from tests.rl import tiny_model
 
 B, T = 2, 6

@@ -10,7 +10,7 @@ import pytest
 
 from agentic_rl.model import transformer
 from agentic_rl.rl import advantages as adv_lib
-from agentic_rl.rl import batch as batch_lib
+from agentic_rl.records import batch as batch_lib
 from agentic_rl.rl import config as rl_config_lib
 from agentic_rl.rl import learner
 from agentic_rl.rl import objectives

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from agentic_rl.model import transformer
-from agentic_rl.rl import batch as batch_lib
+from agentic_rl.records import batch as batch_lib
 from agentic_rl.rl import learner
-from agentic_rl.rl import sampling_mask as sm
+from agentic_rl.records import sampling_mask as sm
 from tests.rl import tiny_model
 
 B, T, PROMPT = 4, 40, 12

@@ -7,7 +7,7 @@ import pytest
 
 from agentic_rl.rl import logprobs
 from agentic_rl.rl import objectives as obj
-from agentic_rl.rl import sampling_mask as sm
+from agentic_rl.records import sampling_mask as sm
 
 
 def test_ppo_clip_hand_example():

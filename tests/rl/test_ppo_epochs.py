@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from agentic_rl.rl import batch as batch_lib
+from agentic_rl.records import batch as batch_lib
 from agentic_rl.rl import learner
 from agentic_rl.rl import train_step as ts
 from tests.rl import test_bandit as bandit

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentic_rl.rl import sampling_mask as sm
+from agentic_rl.records import sampling_mask as sm
 
 
 @pytest.mark.parametrize("vocab", [1, 7, 8, 13, 320])

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from agentic_rl.model import config as model_config
-from agentic_rl.rl import batch as batch_lib
+from agentic_rl.records import batch as batch_lib
 from agentic_rl.rollout import config as config_lib
-from agentic_rl.rollout import trajectory as trajectory_lib
+from agentic_rl.records import trajectory as trajectory_lib
 from tests.rollout.conftest import tiny_model_config
 
 

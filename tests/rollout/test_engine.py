@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentic_rl.rl import batch as batch_lib
+from agentic_rl.records import batch as batch_lib
 from agentic_rl.rl import logprobs
 from agentic_rl.rollout import config as config_lib
-from agentic_rl.rollout import trajectory as trajectory_lib
+from agentic_rl.records import trajectory as trajectory_lib
 from tests.rollout.conftest import make_engine
 from agentic_rl.envs.countdown import CountdownEnv, CountdownTeacher
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentic_rl.rl import sampling_mask as sampling_mask_lib
+from agentic_rl.records import sampling_mask as sampling_mask_lib
 from agentic_rl.rollout import sampling
 
 V = 50

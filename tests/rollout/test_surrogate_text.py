@@ -16,14 +16,14 @@ from agentic_rl.envs.swe_env import SweEnv
 from agentic_rl.envs.tool_call import format_tool_call as F
 from agentic_rl.model import config as model_config
 from agentic_rl.model import transformer
-from agentic_rl.rl import batch as batch_lib
+from agentic_rl.records import batch as batch_lib
 from agentic_rl.rl import train_step as train_step_lib
 from agentic_rl.rollout import config as config_lib
 from agentic_rl.rollout import engine as engine_lib
 from agentic_rl.rollout import sampling
 from agentic_rl.rollout import teacher as teacher_lib
 from agentic_rl.rollout import tokenizer as tokenizer_lib
-from agentic_rl.rollout import trajectory as trajectory_lib
+from agentic_rl.records import trajectory as trajectory_lib
 from agentic_rl.rollout.device_steps import DeviceSteps
 from agentic_rl.rollout.valid_text import valid_text
 from agentic_rl.train import sft as sft_lib

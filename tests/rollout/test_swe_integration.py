@@ -5,10 +5,10 @@ import numpy as np
 from agentic_rl.envs import expert
 from agentic_rl.envs.datasets import SweTaskSource
 from agentic_rl.envs.swe_env import SweEnv
-from agentic_rl.rl import batch as batch_lib
+from agentic_rl.records import batch as batch_lib
 from agentic_rl.rollout import config as config_lib
 from agentic_rl.rollout import teacher as teacher_lib
-from agentic_rl.rollout import trajectory as trajectory_lib
+from agentic_rl.records import trajectory as trajectory_lib
 from tests.rollout.conftest import make_engine
 from tests.rollout.test_engine import learner_logprobs
 

@@ -12,10 +12,10 @@ import threading
 import numpy as np
 import pytest
 
-from agentic_rl.rl import batch as batch_lib
+from agentic_rl.records import batch as batch_lib
 from agentic_rl.rollout import config as config_lib
 from agentic_rl.rollout import sampling
-from agentic_rl.rollout import trajectory as trajectory_lib
+from agentic_rl.records import trajectory as trajectory_lib
 from agentic_rl.rollout.device_steps import DeviceSteps
 from agentic_rl.rollout.tokenizer import ByteTokenizer
 from agentic_rl.train import sft as sft_lib

@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_rl.rl import sampling_mask as sampling_mask_lib
+from agentic_rl.records import sampling_mask as sampling_mask_lib
 
 
 @flax.struct.dataclass
@@ -150,8 +150,8 @@ def check_batch(batch: Batch, model_spec, rl_spec=None) -> None:
   need((turns >= 0).all(), "turn_index_bt", "turn indices must be >= 0")
   if rl_spec is not None:
     need((turns[mask > 0] < rl_spec.max_turns).all(), "turn_index_bt",
-         f"generated tokens' turns must be < rl.advantage.max_turns={rl_spec.max_turns} "
-         "(raise max_turns)")
+         f"generated tokens' turns must be < config.rollout.max_turns={rl_spec.max_turns} "
+         "(the learner's turn bound)")
   if batch.sampling_mask_btw is not None:
     w = sampling_mask_lib.packed_width(model_spec.vocab_size)
     need(batch.sampling_mask_btw.shape == (b, t, w), "sampling_mask_btw",

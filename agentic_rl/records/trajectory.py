@@ -33,8 +33,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from agentic_rl.rl import batch as batch_lib
-from agentic_rl.rl import sampling_mask as sampling_mask_lib
+from agentic_rl.records import batch as batch_lib
+from agentic_rl.records import sampling_mask as sampling_mask_lib
 
 
 @dataclasses.dataclass
@@ -157,15 +157,8 @@ class TrajectoryBuilder:
     return len(self.turn_spans)
 
   @property
-  def turn_open(self) -> bool:
-    return self._turn_start is not None
-
-  @property
   def turn_generated(self) -> int:
     return 0 if self._turn_start is None else len(self.tokens) - self._turn_start
-
-  def turn_token_ids(self) -> list[int]:
-    return self.tokens[self._turn_start:]
 
   def end_turn(self, reason: str) -> None:
     self.turn_spans.append((self._turn_start, len(self.tokens)))

@@ -1,0 +1,48 @@
+"""The package layering, read from the import statements: what each layer may import."""
+
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).parents[1]
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+  """Every module a file imports, at any depth (lazy imports inside functions count)."""
+  names = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      names.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      names.add(node.module)
+      names.update(f"{node.module}.{a.name}" for a in node.names)
+  return names
+
+
+def _package_imports(package: str) -> dict[str, set[str]]:
+  folder = ROOT.joinpath(*package.split("."))
+  return {str(p.relative_to(ROOT)): _imports(p) for p in sorted(folder.glob("*.py"))}
+
+
+@pytest.mark.parametrize("package,forbidden", [
+    ("agentic_rl.rollout", ("agentic_rl.rl", "agentic_rl.train")),
+    ("agentic_rl.records", ("agentic_rl.rl", "agentic_rl.rollout", "agentic_rl.train",
+                            "agentic_rl.envs")),
+    ("agentic_rl.rl", ("agentic_rl.rollout", "agentic_rl.train")),
+    ("agentic_rl.model", ("agentic_rl.rl", "agentic_rl.rollout", "agentic_rl.train",
+                          "agentic_rl.envs")),
+    ("agentic_rl.envs", ("agentic_rl.rl", "agentic_rl.rollout", "agentic_rl.train",
+                         "agentic_rl.model")),
+    ("kernels", ("agentic_rl",)),
+])
+def test_a_layer_imports_nothing_above_it(package, forbidden):
+  bad = {f: sorted(m for m in mods if m.startswith(forbidden))
+         for f, mods in _package_imports(package).items()}
+  assert not {f: m for f, m in bad.items() if m}
+
+
+def test_the_kernels_import_no_circle():
+  mods = _package_imports("kernels")
+  assert not any(m.startswith("kernels.dispatch") for m in mods["kernels/pallas_ops.py"])
+  assert "kernels.ops" in mods["kernels/pallas_ops.py"] | mods["kernels/dispatch.py"]
