@@ -46,3 +46,16 @@ def test_the_kernels_import_no_circle():
   mods = _package_imports("kernels")
   assert not any(m.startswith("kernels.dispatch") for m in mods["kernels/pallas_ops.py"])
   assert "kernels.ops" in mods["kernels/pallas_ops.py"] | mods["kernels/dispatch.py"]
+
+
+@pytest.mark.parametrize("package", ["agentic_rl.rollout", "agentic_rl.records", "agentic_rl.rl",
+                                     "agentic_rl.train"])
+def test_only_the_model_reads_layer_letters(package):
+  """Consumers ask the model what each layer records (ModelSpec.replay_keys)."""
+  folder = ROOT.joinpath(*package.split("."))
+  for path in folder.glob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Compare):
+        consts = [c.value for c in [node.left, *node.comparators]
+                  if isinstance(c, ast.Constant)]
+        assert not set(consts) & {"S", "G", "F"}, f"{path.name}:{node.lineno}"

@@ -111,6 +111,12 @@ class ModelSpec:
   def is_moe_layer(self, layer: int) -> bool:
     return self.num_experts > 0 and layer >= self.num_dense_layers
 
+  def replay_keys(self, layer: int) -> tuple[str, ...]:
+    """What layer `layer` records in aux["layers"] and a replay can force: "experts" on
+    MoE layers, "blocks" on block-sparse (G) layers. Consumers ask this, not the letters."""
+    return ((("experts",) if self.is_moe_layer(layer) else ())
+            + (("blocks",) if self.layer_types[layer] == "G" else ()))
+
   def replace(self, **changes) -> "ModelSpec":
     return dataclasses.replace(self, **changes)
 

@@ -40,13 +40,10 @@ def learner_replay(batch: Batch, spec: RLSpec):
 
 def check_replay_available(batch: Batch, spec: RLSpec, model_spec) -> None:
   """Raises if replay is switched on but the batch lacks what it forces."""
-  moe_layers = [i for i in range(model_spec.num_layers) if model_spec.is_moe_layer(i)]
-  sparse_layers = [i for i, t in enumerate(model_spec.layer_types) if t == "G"]
-  wanted = []
-  if spec.replay.routing:
-    wanted += [(i, "experts", "config.rl.replay.routing") for i in moe_layers]
-  if spec.replay.blocks:
-    wanted += [(i, "blocks", "config.rl.replay.blocks") for i in sparse_layers]
+  flags = {"experts": ("config.rl.replay.routing", spec.replay.routing),
+           "blocks": ("config.rl.replay.blocks", spec.replay.blocks)}
+  wanted = [(i, key, flags[key][0]) for i in range(model_spec.num_layers)
+            for key in model_spec.replay_keys(i) if flags[key][1]]
   for i, key, flag in wanted:
     if batch.replay is None or key not in batch.replay[i]:
       raise ValueError(f"{flag}=True but the batch has no replay[{i}][{key!r}]: record it "

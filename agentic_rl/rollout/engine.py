@@ -235,10 +235,8 @@ class RolloutEngine:
     # counts, so each device step checks its positions without reading the device.
     self._cache_lengths = np.zeros(spec.num_slots, np.int64)
     self._store_lengths = np.zeros(spec.prompt_store_rows, np.int64)
-    self._layer_replay_keys = tuple(
-        (("experts",) if model.spec.is_moe_layer(i) else ())
-        + (("blocks",) if t == "G" else ())
-        for i, t in enumerate(model.spec.layer_types))
+    self._layer_replay_keys = tuple(model.spec.replay_keys(i)
+                                    for i in range(model.spec.num_layers))
     ms = model.spec
     empty = {"experts": np.zeros((0, ms.num_experts_per_token), np.int32),
              "blocks": np.zeros((ms.num_kv_heads, 0, ms.num_selected_blocks), np.int32)}
