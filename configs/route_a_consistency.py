@@ -21,4 +21,6 @@ def get_config():
   rl.advantage.estimator = "gae"
   rl.correction.type = "none"
   rl.replay.routing = rl.replay.blocks = rl.replay.sampling_mask = True
+  # The shipped base was trained with G layers; F layers reuse their parameters (deliberate).
+  config.train.allow_fingerprint_change = ("layer_pattern",)
   return config

@@ -21,4 +21,6 @@ def get_config():
   config.rl.correction.tis_cap = 2.0
   config.rl.replay.blocks = False  # Sampler and learner select blocks independently...
   config.rl.replay.routing = True  # ...but MoE routing, which amplifies noise, is replayed.
+  # The shipped base was trained with an fp32 cache; this run samples from bf16 (deliberate).
+  config.train.allow_fingerprint_change = ("cache_dtype",)
   return config

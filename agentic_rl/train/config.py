@@ -9,6 +9,7 @@ import ml_collections
 
 from agentic_rl.config_schema import check, from_config_dict, to_config_dict
 from agentic_rl.rl.config import OptimConfig
+from agentic_rl.train.fingerprint import FIELDS as FINGERPRINT_FIELDS
 
 
 def _positive(field: str, value: int) -> None:
@@ -50,6 +51,9 @@ class TrainSpec:
   # Stage schedule: from this RL step on, apply config.route_a (throughput early,
   # consistency late). -1: never switch.
   switch_to_route_a_at: int = -1
+  # Layout fields (train/fingerprint.py FIELDS) saved params may differ in when they load
+  # (resume or init_checkpoint); any other difference is an error. () = none.
+  allow_fingerprint_change: tuple[str, ...] = ()
   # Multi-process runs (see WORKSPACE.md): empty address + 1 process = single process.
   coordinator_address: str = ""
   num_processes: int = 1
@@ -77,6 +81,9 @@ class TrainSpec:
           "process rolls out its share)")
     check(0 <= self.process_id < self.num_processes, "process_id", self.process_id,
           f"0 <= id < num_processes={self.num_processes}")
+    check(set(self.allow_fingerprint_change) <= set(FINGERPRINT_FIELDS),
+          "allow_fingerprint_change", self.allow_fingerprint_change,
+          f"a tuple of fields among {FINGERPRINT_FIELDS}")
 
 
 def route_a_overrides() -> ml_collections.ConfigDict:

@@ -43,6 +43,7 @@ from agentic_rl.rollout import tokenizer as tokenizer_lib
 from agentic_rl.records.trajectory import to_batch
 from agentic_rl.train import config as train_config_lib
 from agentic_rl.train import distributed
+from agentic_rl.train import fingerprint as fingerprint_lib
 from agentic_rl.train.curves import history_row, write_curves
 from agentic_rl.train.evaluation import (episode_rates, heldout_scores, heldout_solved_matrix,
                                          paired_gain, pass1_stderr, pass_at_k_curve,
@@ -283,6 +284,9 @@ class Trainer:
     restored = ckpt.restore(holder)
     if restored is not None:
       _, holder, extras = restored
+      self._check_fingerprint(extras.pop("fingerprint", None),
+                              self._route_for_step(extras["rl_step"])[1],
+                              f"the checkpoint in {ckpt.directory}")
       print(f"resumed from {ckpt.directory} at {extras['phase']} step "
             f"{extras['sft_step'] if extras['phase'] == 'sft' else extras['rl_step']}",
             flush=True)
@@ -349,17 +353,24 @@ class Trainer:
             raise RuntimeError(f"{source}={path!r}: {err}") from err
     finally:
       reader.close()
+    changed = self._check_fingerprint(source_extras.get("fingerprint"), self.base_config,
+                                      f"{source}={path!r}")
     params = restored["train"].params  # Restored with `holder`'s shardings (replicated).
     print(f"params from {directory} step {step} (phase {source_extras.get('phase')}, "
           f"sft step {source_extras.get('sft_step')}, rl step {source_extras.get('rl_step')})",
           flush=True)
-    provenance = {"directory": directory, "step": int(step),
+    provenance = {"directory": directory, "step": int(step), "layout_changed": changed,
                   **{k: source_extras.get(k) for k in _PROVENANCE_KEYS}}
     return {**holder, "train": _with_reference(holder["train"].replace(params=params))}, \
         provenance
 
   def _params_from_file(self, path: str, holder: dict, source: str) -> tuple[dict, dict]:
-    """`holder` with the params of a safetensors params file (a shipped base model)."""
+    """`holder` with the params of a safetensors params file (a shipped base model); the
+    config.json beside it gives the layout they were trained under."""
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    changed = self._check_fingerprint(
+        fingerprint_lib.of_config_json(os.path.join(folder, "config.json")), self.base_config,
+        f"{source}={path!r}")
     like = holder["train"].params
     # A value head (route A's critic) starts fresh on a base that has none.
     params = params_file.load_params(path, jax.device_get(like), source,
@@ -371,7 +382,8 @@ class Trainer:
     meta = params_file.read_metadata(path)
     file = params_file.params_path(path)
     print(f"params from {file} ({meta.get('description', 'no description')})", flush=True)
-    provenance = {"file": file, **{k: meta.get(k) for k in _PROVENANCE_KEYS}}
+    provenance = {"file": file, "layout_changed": changed,
+                  **{k: meta.get(k) for k in _PROVENANCE_KEYS}}
     return {**holder, "train": _with_reference(holder["train"].replace(params=params))}, \
         provenance
 
@@ -388,7 +400,23 @@ class Trainer:
     global_step = extras["sft_step"] + extras["rl_step"]
     if self.info.process_count > 1:  # Orbax writes multi-host state as global arrays.
       holder = distributed.replicate(self.mesh, jax.device_get(holder))
+    # The layout the params were trained under: checked when they are loaded again.
+    extras = {**extras, "fingerprint": self._fingerprint(self._route.config)}
     ckpt.save(global_step, holder, None, extras, force=force)
+
+  def _fingerprint(self, config) -> dict:
+    return fingerprint_lib.fingerprint(config.model, self.base_config.tokenizer)
+
+  def _check_fingerprint(self, saved, config, source: str) -> list[str]:
+    """The allowed fingerprint fields that differ; an error for any other difference."""
+    changed = fingerprint_lib.check(saved, self._fingerprint(config),
+                                    self.train_spec.allow_fingerprint_change, source)
+    if saved is None:
+      print(f"{source} records no layout fingerprint: not checked.", flush=True)
+    elif changed:
+      print(f"{source}: layout fields {changed} differ, as "
+            "config.train.allow_fingerprint_change allows.", flush=True)
+    return changed
 
   # -- SFT -----------------------------------------------------------------------------
 

@@ -1,0 +1,81 @@
+"""What saved params were trained under: the model's layout, its cache and its tokenizer.
+
+Params load into any model of the same shapes, but a run resumed (or started from another
+run's params) under a different layer pattern, block size, window, cache dtype, kernel
+backend or tokenizer samples a different policy than the one that produced them, silently.
+Every checkpoint records this fingerprint; a shipped base's config.json implies it. A load
+whose fingerprint differs fails and names the fields, unless
+`config.train.allow_fingerprint_change` lists each of them (a deliberate change, e.g. route
+A's dense F layers in place of G, which reuse the same parameters).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Mapping
+
+from agentic_rl import resources
+
+FIELDS = ("layer_pattern", "block_size", "sliding_window", "cache_dtype", "kernel_backend",
+          "tokenizer")
+
+
+def tokenizer_hash(tokenizer_config: Mapping[str, Any]) -> str:
+  """'byte', or 'hf:' + the sha256 of the tokenizer.json and its special-token names."""
+  kind = tokenizer_config.get("kind", "byte")
+  if kind != "hf":
+    return str(kind)
+  path = resources.resolve(tokenizer_config["path"])
+  if os.path.isdir(path):
+    path = os.path.join(path, "tokenizer.json")
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    digest.update(f.read())
+  digest.update(json.dumps(dict(tokenizer_config.get("special_tokens", {})),
+                           sort_keys=True).encode())
+  return "hf:" + digest.hexdigest()[:16]
+
+
+def fingerprint(model_config: Mapping[str, Any], tokenizer_config: Mapping[str, Any]) -> dict:
+  """The fingerprint of a config's `model` and `tokenizer` sections (ConfigDicts or dicts)."""
+  num_layers = int(model_config["num_layers"])
+  pattern = str(model_config["layer_pattern"]).upper()
+  return {
+      "layer_pattern": (pattern * (num_layers // len(pattern) + 1))[:num_layers],
+      "block_size": int(model_config["block_size"]),
+      "sliding_window": int(model_config["sliding_window"]),
+      "cache_dtype": str(model_config["cache_dtype"]),
+      "kernel_backend": str(model_config["kernel_backend"]),
+      "tokenizer": tokenizer_hash(tokenizer_config),
+  }
+
+
+def of_config_json(path: str) -> dict | None:
+  """The fingerprint a shipped base's config.json implies, or None without one."""
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    config = json.load(f)
+  return fingerprint(config["model"], config["tokenizer"])
+
+
+def check(saved: Mapping[str, Any] | None, current: Mapping[str, Any],
+          allowed: tuple[str, ...], source: str) -> list[str]:
+  """The fields that differ and are allowed to; raises ValueError naming the others.
+
+  A checkpoint without a fingerprint (saved = None, written before there were any) has
+  nothing to compare: it loads, and the caller says so.
+  """
+  if saved is None:
+    return []
+  differ = [f for f in FIELDS if saved.get(f) != current.get(f)]
+  refused = [f for f in differ if f not in allowed]
+  if refused:
+    rows = "; ".join(f"{f}: saved {saved.get(f)!r}, now {current.get(f)!r}" for f in refused)
+    raise ValueError(
+        f"{source} was trained under a different layout ({rows}). Loading it would sample a "
+        "different policy than the one that produced it. If the change is deliberate, list "
+        f"the fields in config.train.allow_fingerprint_change (e.g. {tuple(refused)!r}).")
+  return differ

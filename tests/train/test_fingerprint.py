@@ -1,0 +1,85 @@
+"""Saved params carry the layout they were trained under; loading them under another fails."""
+
+import os
+
+import pytest
+
+from agentic_rl import resources
+from agentic_rl.train import fingerprint as fp
+from agentic_rl.train.checkpointing import Checkpointer
+from agentic_rl.train.loop import Trainer
+from configs import quickstart
+from tests.train.tiny_config import tiny_config
+
+BASE = resources.resolve(quickstart.BASE)
+
+
+def test_the_shipped_base_matches_the_quickstart_layout():
+  config = quickstart.get_config()
+  assert fp.of_config_json(os.path.join(BASE, "config.json")) == fp.fingerprint(
+      config.model, config.tokenizer)
+  assert fp.fingerprint(config.model, config.tokenizer)["layer_pattern"] == "SSSG"
+
+
+def test_check_names_each_differing_field_and_honours_the_override():
+  config = quickstart.get_config()
+  saved = fp.fingerprint(config.model, config.tokenizer)
+  config.model.cache_dtype, config.model.block_size = "bfloat16", 16
+  config.tokenizer.kind = "byte"
+  now = fp.fingerprint(config.model, config.tokenizer)
+  with pytest.raises(ValueError) as e:
+    fp.check(saved, now, (), "RUN")
+  message = str(e.value)
+  for field in ("block_size", "cache_dtype", "tokenizer"):
+    assert field in message
+  assert "layer_pattern" not in message and "allow_fingerprint_change" in message
+  with pytest.raises(ValueError, match=r"tokenizer: saved 'hf:"):
+    fp.check(saved, now, ("block_size", "cache_dtype"), "RUN")
+  assert fp.check(saved, now, ("block_size", "cache_dtype", "tokenizer"), "RUN") == [
+      "block_size", "cache_dtype", "tokenizer"]
+  assert fp.check(None, now, (), "RUN") == []  # Nothing recorded: nothing to compare.
+
+
+@pytest.mark.parametrize("allow", [(), ("layer_pattern",)])
+def test_init_checkpoint_under_another_layout_fails_unless_allowed(tmp_path, allow):
+  config = tiny_config()
+  config.model.layer_pattern = "SSSF"  # The base's G layers become dense F.
+  config.train.allow_fingerprint_change = allow
+  trainer = Trainer(config, str(tmp_path))
+  try:
+    holder = trainer._init_state(trainer._ensure_route(0))
+    if not allow:
+      with pytest.raises(ValueError, match=r"layer_pattern: saved 'SSSG', now 'SSSF'"):
+        trainer._load_params(quickstart.BASE, holder, "config.train.init_checkpoint")
+    else:
+      _, provenance = trainer._load_params(quickstart.BASE, holder, "init")
+      assert provenance["layout_changed"] == ["layer_pattern"]
+  finally:
+    trainer.close()
+
+
+def test_unknown_override_fields_are_refused(tmp_path):
+  config = tiny_config()
+  config.train.allow_fingerprint_change = ("layer_patern",)
+  with pytest.raises(ValueError, match="config.train.allow_fingerprint_change"):
+    Trainer(config, str(tmp_path))
+
+
+def test_a_resume_under_another_layout_fails(tmp_path):
+  config = tiny_config()
+  config.train.sft_steps = 1
+  trainer = Trainer(config, str(tmp_path))
+  try:
+    holder = trainer._init_state(trainer._ensure_route(0))
+    ckpt = Checkpointer(os.path.join(tmp_path, "checkpoints"))
+    trainer._save(ckpt, holder, {"phase": "sft", "sft_step": 1, "rl_step": 0}, force=True)
+    ckpt.close()
+  finally:
+    trainer.close()
+  config.model.cache_dtype = "bfloat16"
+  resumed = Trainer(config, str(tmp_path))
+  try:
+    with pytest.raises(ValueError, match=r"cache_dtype: saved 'float32', now 'bfloat16'"):
+      resumed.run()
+  finally:
+    resumed.close()
