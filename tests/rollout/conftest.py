@@ -66,7 +66,8 @@ def greedy_steps(tiny_model):
   return DeviceSteps(tiny_model[0], sampling.SamplingParams(**GREEDY), CHUNK)
 
 
-def rollout_spec(model, **overrides):
+def rollout_spec(model, *, seed: int = 0, **overrides):
+  """The tests' rollout spec; `seed` is config.seed, joined as the run joins it."""
   c = rollout_config.default_rollout_config()
   c.num_slots = 3
   c.prefill_chunk = CHUNK
@@ -75,7 +76,7 @@ def rollout_spec(model, **overrides):
   c.env_threads = 4
   c.update(SAMPLED)
   c.update(overrides)
-  return rollout_config.validate(c, model.spec)
+  return rollout_config.validate(c, model.spec, seed=seed)
 
 
 def make_engine(tiny_model, tokenizer, steps, env_factory, *, teacher_factory=None,
