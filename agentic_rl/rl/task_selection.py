@@ -21,7 +21,8 @@ teaches nothing. The pieces here (host-side, numpy); the held-out split is the e
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -114,7 +115,7 @@ def task_weights(pass_rates: np.ndarray, mode: str = "middling", *, band_low: fl
 class FamilyPassRates:
   """Pass rate per task family, pooled over the outcomes of all the family's tasks.
 
-  A family is whatever hashable `family_of(task)` gives, e.g. (tier, bug family).
+  A family is whatever hashable the stream's `family(task)` gives, e.g. (tier, bug family).
   Its rate over the family's last `window` outcomes is shrunk toward
   `prior_pass_rate` as if the family had `prior_weight` more outcomes; it is the
   prior of the family's tasks, so a never-seen task starts from what its
@@ -146,7 +147,14 @@ class FamilyPassRates:
     self._tracker.load_state_dict(state)
 
 
-TaskStream = Callable[[str | None], str]  # next_task(tier) -> a new task id of that tier
+class TaskStream(Protocol):
+  """Where the pool's tasks come from (agentic_rl/train/task_stream.py in the run)."""
+
+  def next_task(self, tier: str | None) -> str:
+    """A new task id of `tier`."""
+
+  def family(self, task_id: str) -> Hashable:
+    """The task's family: pass rates are pooled over it."""
 _MAX_DUPLICATE_DRAWS = 10_000  # stream draws that may repeat pooled tasks before giving up
 
 
@@ -166,8 +174,8 @@ def _draw_without_replacement(rng: np.random.Generator, weights: np.ndarray, n: 
 class TaskPool:
   """A revisited pool of training tasks: the selector `DynamicSampler` drives.
 
-  The pool holds `spec.task_selection.pool_size` task ids drawn from `stream` (`next_task(tier)`,
-  or an iterator without a curriculum). Entries i::count are process `index`'s
+  The pool holds `task_selection.pool_size` task ids drawn from `stream.next_task(tier)`,
+  and pools pass rates over `stream.family(task)`. Entries i::count are process `index`'s
   share for `shard=(index, count)`. `sample(n)` draws n distinct tasks of the
   share, not yet picked this step, without replacement with probability
   proportional to `task_weights` of their pass rates; when fewer than n are
@@ -202,23 +210,16 @@ class TaskPool:
   until they retire.
   """
 
-  def __init__(self, spec: RLSpec, stream: TaskStream | Iterator[str], *,
-               family_of: Callable[[str], Hashable], shard: tuple[int, int] = (0, 1),
+  def __init__(self, spec: RLSpec, stream: TaskStream, *, shard: tuple[int, int] = (0, 1),
                rng: np.random.Generator | None = None, default_tier: str | None = None):
     index, count = shard
     if not (count >= 1 and 0 <= index < count):
       raise ValueError(f"shard={shard}: expected (index, count) with 0 <= index < count.")
-    if callable(stream):
-      self._next_task = stream
-    elif spec.task_selection.curriculum:
-      raise ValueError("a curriculum needs stream(tier) -> task id, not an iterator.")
-    else:
-      self._next_task = lambda tier, it=iter(stream): next(it)
+    self._stream = stream
     self.spec = spec
     self.shard = (index, count)
     self.rng = rng if rng is not None else np.random.default_rng(0)  # the loop may reseed
     self.default_tier = default_tier
-    self._family_of = family_of
     self.tracker = PassRateTracker.from_spec(spec)
     self.ts = ts = spec.task_selection
     self.families = FamilyPassRates(window=ts.window, prior_pass_rate=ts.prior_pass_rate,
@@ -226,7 +227,7 @@ class TaskPool:
     self.outcomes: list[tuple[str, float]] = []  # recorded here, applied by apply()
     self._pool: list[str] = []  # filled lazily: a pool about to be restored draws nothing
     self._tier_of: dict[str, str | None] = {}  # pooled task -> the tier it was drawn for
-    self._family: dict[str, Hashable] = {}  # pooled task -> family (family_of may be slow)
+    self._family: dict[str, Hashable] = {}  # pooled task -> family (stream.family may be slow)
     self._outcome_count: dict[str, int] = {}  # pooled task -> outcomes applied, all time
     self._tier_index = 0
     self._tier_window: collections.deque = collections.deque(maxlen=ts.curriculum_window)
@@ -252,7 +253,7 @@ class TaskPool:
 
   def pass_rate(self, task: str) -> float:
     """The task's pass rate, shrunk toward its family's."""
-    family = self._family[task] if task in self._family else self._family_of(task)
+    family = self._family[task] if task in self._family else self._stream.family(task)
     return self.tracker.pass_rate(task, prior=self.families.pass_rate(family))
 
   def priorities(self, tasks: Sequence[str]) -> np.ndarray:
@@ -374,7 +375,7 @@ class TaskPool:
                        f"{self.ts.curriculum}.")
     self._pool = [task for task, _ in state["pool"]]
     self._tier_of = {task: tier for task, tier in state["pool"]}
-    self._family = {task: self._family_of(task) for task in self._pool}
+    self._family = {task: self._stream.family(task) for task in self._pool}
     self._outcome_count = {t: int(state["outcome_counts"].get(t, 0)) for t in self._pool}
     self.tracker.load_state_dict(state["tasks"])
     self.families.load_state_dict(state["families"])
@@ -399,7 +400,7 @@ class TaskPool:
     tier = self.current_tier
     for _ in range(k):
       for _ in range(_MAX_DUPLICATE_DRAWS):
-        task = self._next_task(tier)
+        task = self._stream.next_task(tier)
         if not isinstance(task, str):
           raise TypeError(f"the task stream gave {task!r}: task ids must be str.")
         if task not in self._tier_of:
@@ -410,7 +411,7 @@ class TaskPool:
                            f"{len(self._pool)} tasks?")
       self._pool.append(task)
       self._tier_of[task] = tier
-      self._family[task] = self._family_of(task)
+      self._family[task] = self._stream.family(task)
       self._outcome_count[task] = 0
 
   def _draw_others_top_ups(self, task_ids: Sequence[str]) -> None:

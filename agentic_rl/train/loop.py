@@ -21,7 +21,6 @@ import threading
 import time
 from typing import Any
 
-import grain
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -52,6 +51,7 @@ from agentic_rl.train import params_file
 from agentic_rl.train import sft as sft_lib
 from agentic_rl.train.checkpointing import Checkpointer, resolve_checkpoint
 from agentic_rl.train.metrics_logger import MetricsLogger
+from agentic_rl.train.task_stream import TaskStream
 
 # What a run's params carry of their history (a checkpoint's extras, a params file's metadata).
 _PROVENANCE_KEYS = ("phase", "sft_step", "rl_step", "sft_best_step", "sft_plateau")
@@ -75,22 +75,6 @@ class _Route:
   eval_engine: engine_lib.RolloutEngine
 
 
-class _TaskStream:
-  """New train tasks per tier, in grain's seeded shuffle of that tier's split, read by
-  position: every process sees the same order, and a checkpoint holds just the positions."""
-
-  def __init__(self, sources: dict, seed: int):
-    self._orders = {tier: grain.MapDataset.range(len(src)).shuffle(seed=seed + rank)
-                    for rank, (tier, src) in enumerate(sources.items())}
-    self.position = {tier: 0 for tier in sources}
-
-  def __call__(self, tier: str) -> str:
-    order = self._orders[tier]
-    index = int(order[self.position[tier] % len(order)])
-    self.position[tier] += 1
-    return f"{tier}/{index}"
-
-
 class Trainer:
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
@@ -112,8 +96,7 @@ class Trainer:
     if unknown:
       raise ValueError(f"config.rl.task_selection.curriculum names tiers {unknown}; the env "
                        f"has {list(self.tiers)}.")
-    self.train_sources = {t: family.task_source(spec, "train", t) for t in wanted}
-    self._task_cache: dict[str, Any] = {}
+    self.tasks = TaskStream(family, spec, wanted, config.seed)
     self.heldout_source = family.task_source(spec, "heldout", spec.default_tier)
     os.makedirs(self.workdir, exist_ok=True)
     self.audit = family.make_audit_log(  # config.env.audit_* reach the run's log.
@@ -160,25 +143,6 @@ class Trainer:
     if self._route is None or self._route.name != name:
       self._route = self._build_route(name, config)
     return self._route
-
-  def _train_task(self, task_id: str):
-    """The task of a pool id "tier/index" (cached: the pool revisits tasks)."""
-    task = self._task_cache.get(task_id)
-    if task is None:
-      tier, index = task_id.split("/")
-      task = self.train_sources[tier][int(index)]
-      if len(self._task_cache) > 4096:
-        self._task_cache.clear()
-      self._task_cache[task_id] = task
-    return task
-
-  def _task_number(self, task_id: str) -> int:
-    """A task id as one integer (tier rank, index): what processes gather and seeds use."""
-    tier, index = task_id.split("/")
-    return self.tiers.index(tier) * 10_000_000 + int(index)
-
-  def _task_id(self, number: int) -> str:
-    return f"{self.tiers[int(number) // 10_000_000]}/{int(number) % 10_000_000}"
 
   def _local(self, tree):
     """This process's copy of a replicated tree (what the rollout engine uses)."""
@@ -536,13 +500,11 @@ class Trainer:
 
   # -- RL ------------------------------------------------------------------------------
 
-  def _make_pool(self, spec, extras) -> tuple[task_selection.TaskPool, _TaskStream]:
+  def _make_pool(self, spec, extras) -> tuple[task_selection.TaskPool, TaskStream]:
     """The run's task pool and its stream, restored from `extras` when resuming."""
-    stream = _TaskStream(self.train_sources, self.base_config.seed)
+    stream = self.tasks
     pool = task_selection.TaskPool(
-        spec, stream, family_of=lambda t: (t.split("/")[0],
-                                           self.env_family.task_family(self._train_task(t))),
-        shard=(self.info.process_index, self.info.process_count),
+        spec, stream, shard=(self.info.process_index, self.info.process_count),
         default_tier=self.env_spec.default_tier)
     if extras.get("pool"):
       pool.load_state_dict(extras["pool"])
@@ -579,9 +541,9 @@ class Trainer:
       seeds_used, end_reasons = [], []
 
       def generate(task_ids, group_size, _route=route, _step=step):
-        seeds = [int(_step) * 1_000_003 + self._task_number(t) for t in task_ids]
+        seeds = [int(_step) * 1_000_003 + self.tasks.number(t) for t in task_ids]
         seeds_used.extend(seeds)
-        trajs = _route.engine.run([self._train_task(t) for t in task_ids], task_seeds=seeds)
+        trajs = _route.engine.run([self.tasks.task(t) for t in task_ids], task_seeds=seeds)
         end_reasons.extend(t.end_reason for t in trajs)
         groups = []
         for g, task in enumerate(task_ids):
@@ -599,11 +561,11 @@ class Trainer:
         for t in group.payload:
           trajs.append(dataclasses.replace(t, group_id=gid))
       # Task numbers travel as int32: a float32 gather would round ids above 2^24.
-      numbers = self._gather(np.asarray([self._task_number(t) for t, _ in pool.outcomes],
+      numbers = self._gather(np.asarray([self.tasks.number(t) for t, _ in pool.outcomes],
                                         np.int32))
       outcome_rewards = self._gather(np.asarray([r for _, r in pool.outcomes], np.float32))
       selection = pool.selection_stats()
-      pool.apply([self._task_id(n) for n in numbers], list(outcome_rewards))
+      pool.apply([self.tasks.task_id(n) for n in numbers], list(outcome_rewards))
       pool.end_step()
 
       t1 = time.time()

@@ -108,27 +108,31 @@ def test_informative_mask_on_a_flat_batch():
 # -- TaskPool -------------------------------------------------------------------------
 
 
+def _tier(task):
+  return task.split("/")[0]
+
+
 class _Stream:
-  """next_task(tier) -> '<tier>/0', '<tier>/1', ...: a counter per tier."""
+  """next_task(tier) -> '<tier>/0', '<tier>/1', ...: a counter per tier (`only`: always
+  that tier); family(task) -> `family_of(task)`, the tier by default."""
 
-  def __init__(self, next_index=None):
+  def __init__(self, next_index=None, *, family_of=_tier, only=None):
     self.next_index = dict(next_index or {})
+    self.family = family_of
+    self.only = only
 
-  def __call__(self, tier):
+  def next_task(self, tier):
+    tier = self.only or tier
     k = self.next_index.get(tier, 0)
     self.next_index[tier] = k + 1
     return f"{tier}/{k}"
 
 
-def _tier(task):
-  return task.split("/")[0]
-
-
-def _pool(stream=None, *, shard=(0, 1), seed=0, family_of=_tier, **changes):
+def _pool(stream=None, *, shard=(0, 1), seed=0, **changes):
   group = {"group_size": changes.pop("group_size")} if "group_size" in changes else {}
   spec = tiny_model.rl_spec(**group, **{f"task_selection.{k}": v for k, v in changes.items()})
-  return tsel.TaskPool(spec, stream if stream is not None else _Stream(), family_of=family_of,
-                       shard=shard, rng=np.random.default_rng(seed), default_tier="t")
+  return tsel.TaskPool(spec, stream if stream is not None else _Stream(), shard=shard,
+                       rng=np.random.default_rng(seed), default_tier="t")
 
 
 def _pick_shares(pool, trials):
@@ -242,7 +246,7 @@ def test_pool_retires_settled_tasks_after_two_groups():
 
 def test_never_seen_task_starts_from_its_family_pass_rate():
   pool = _pool(pool_size=4, group_size=4, prior_pass_rate=0.5, prior_weight=1.0,
-               family_prior_weight=4.0, window=64, stream=lambda tier, s=_Stream(): s("a"))
+               family_prior_weight=4.0, window=64, stream=_Stream(only="a"))
   picks = pool.sample(4)
   pool.apply([t for t in picks for _ in range(4)], [0.0] * 16)
   family = (0 + 0.5 * 4.0) / (16 + 4.0)  # 16 fails, shrunk toward 0.5 by 4 outcomes: 0.1
@@ -277,16 +281,16 @@ def test_curriculum_promotes_once_the_window_passes_and_not_before():
 def test_pool_state_dict_round_trip_continues_identically():
   reward = lambda task, step, g: [float((int(task.split("/")[1]) + j + step) % 3 == 0)
                                   for j in range(g)]
-  stream = _Stream()
+  parity = lambda t: (_tier(t), int(t.split("/")[1]) % 2)
+  stream = _Stream(family_of=parity)
   original = _pool(stream, pool_size=6, group_size=4, max_visits=3, curriculum=("a", "b"),
-                   curriculum_window=8, promote_pass_rate=0.3,
-                   family_of=lambda t: (_tier(t), int(t.split("/")[1]) % 2))
+                   curriculum_window=8, promote_pass_rate=0.3)
   _run_rounds(original, 5, 3, reward)
   state = original.state_dict()
   assert json.loads(json.dumps(state)) == state  # plain JSON, string keys
-  restored = _pool(_Stream(stream.next_index), pool_size=6, group_size=4, max_visits=3,
-                   curriculum=("a", "b"), curriculum_window=8, promote_pass_rate=0.3,
-                   family_of=lambda t: (_tier(t), int(t.split("/")[1]) % 2))
+  restored = _pool(_Stream(stream.next_index, family_of=parity), pool_size=6, group_size=4,
+                   max_visits=3, curriculum=("a", "b"), curriculum_window=8,
+                   promote_pass_rate=0.3)
   restored.load_state_dict(json.loads(json.dumps(state)))
   original.rng, restored.rng = np.random.default_rng(7), np.random.default_rng(7)
   assert restored.tasks == original.tasks and restored.current_tier == original.current_tier
