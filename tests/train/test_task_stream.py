@@ -1,9 +1,12 @@
-"""The RL phase's task stream: seeded order per tier, lookup, families and task numbers."""
+"""The RL phase's task stream (seeded order per tier, lookup, families, task numbers) and the
+loop's train solve-rate stderr, against hand-made expectations."""
 
+import numpy as np
 import pytest
 
 from agentic_rl.envs import countdown
 from agentic_rl.envs import registry
+from agentic_rl.train.loop import _solve_stderr_by_task
 from agentic_rl.train.task_stream import TIER_STRIDE, TaskStream
 
 
@@ -38,3 +41,24 @@ def test_tasks_and_families_come_from_the_env():
   assert s.family(task_id) == ("long", f"start_{task['start']}")
   with pytest.raises(KeyError):
     s.next_task("huge")
+
+
+def test_a_tier_is_a_seeded_permutation_read_by_position_and_resumable():
+  spec = registry.build_spec(countdown.default_config().to_dict() | {
+      "splits": {"train_seed_start": 0, "train_size": 10, "heldout_seed_start": 100,
+                 "heldout_size": 10}})
+  a = TaskStream(registry.get("countdown"), spec, ("short",), seed=3)
+  first = [a.next_task("short") for _ in range(10)]
+  assert sorted(int(t.split("/")[1]) for t in first) == list(range(10))  # a permutation
+  assert a.next_task("short") == first[0]  # then it repeats
+  resumed = TaskStream(registry.get("countdown"), spec, ("short",), seed=3)
+  resumed.position.update({"short": 2})  # What a checkpoint holds.
+  assert resumed.next_task("short") == first[2]
+
+
+def test_solve_stderr_counts_tasks_not_episodes():
+  # Tasks 1 and 2, two episodes each: per-task solve rates 1.0 and 0.0.
+  tasks, rewards = np.asarray([1, 1, 2, 2]), np.asarray([1.0, 1.0, 0.5, 0.0])
+  assert _solve_stderr_by_task(tasks, rewards) == pytest.approx(
+      np.std([1.0, 0.0], ddof=1) / 2 ** 0.5)
+  assert _solve_stderr_by_task(np.asarray([5, 5]), np.asarray([1.0, 0.0])) == 0.0
