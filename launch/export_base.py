@@ -47,10 +47,7 @@ def main(argv):
   with tempfile.TemporaryDirectory() as scratch:
     trainer = Trainer(_CONFIG.value, scratch)
     try:
-      route = trainer._ensure_route(0)
-      holder, provenance = trainer._load_params(_WORKDIR.value, trainer._init_state(route),
-                                                "--workdir")
-      params = holder["train"].params
+      params, provenance = trainer.load_params(_WORKDIR.value, "--workdir")
       # Scored here, under the config's eval settings: the numbers belong to these params.
       scored = trainer.score_params(params)
     finally:

@@ -288,6 +288,13 @@ class Trainer:
     self.close()
     return summary
 
+  def load_params(self, path: str, source: str) -> tuple[Any, dict]:
+    """(params, provenance) saved at `path`: a run's workdir, checkpoints/ or step folder,
+    or a params.safetensors folder; checked against this config's model and layout."""
+    holder, provenance = self._load_params(path, self._init_state(self._ensure_route(0)),
+                                           source)
+    return holder["train"].params, provenance
+
   def _load_params(self, path: str, holder: dict, source: str) -> tuple[dict, dict]:
     """`holder` with the params saved at `path` (everything else as given) and where they
     came from: a params.safetensors folder (a shipped base) or a run's checkpoint. `source`

@@ -18,7 +18,7 @@ from tests.train import run_train
 
 # Runs launch.export_base's main with loop.Trainer replaced by a stub.
 _STUB = """
-import sys, types
+import sys
 import numpy as np
 from absl import app
 from agentic_rl.train import loop
@@ -30,15 +30,8 @@ class StubTrainer:
   def __init__(self, config, workdir):
     pass
 
-  def _ensure_route(self, step):
-    return None
-
-  def _init_state(self, route):
-    return None
-
-  def _load_params(self, path, holder, source):
-    return ({"train": types.SimpleNamespace(params=PARAMS)},
-            {"sft_best_step": 7, "sft_plateau": None})
+  def load_params(self, path, source):
+    return PARAMS, {"sft_best_step": 7, "sft_plateau": None}
 
   def score_params(self, params):
     return {"heldout/samples_per_task": 2, "pass_at_k": {"1": 0.25, "2": 0.5},
