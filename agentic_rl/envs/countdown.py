@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import threading
 from typing import Any
 
 import numpy as np
@@ -102,7 +101,6 @@ class CountdownEnv:
     self.actions: list[str] = []
     self.observations: list[str] = []
     self.closed = False
-    self._lock = threading.Lock()
 
   def reset(self, task: dict[str, Any]) -> str:
     self.task = task

@@ -17,6 +17,8 @@ import os
 from typing import Any, Mapping
 
 from agentic_rl import resources
+from agentic_rl.model.config import expand_pattern
+from agentic_rl.train.params_file import file_sha256
 
 FIELDS = ("layer_pattern", "block_size", "sliding_window", "cache_dtype", "kernel_backend",
           "tokenizer")
@@ -30,26 +32,26 @@ def tokenizer_hash(tokenizer_config: Mapping[str, Any]) -> str:
   path = resources.resolve(tokenizer_config["path"])
   if os.path.isdir(path):
     path = os.path.join(path, "tokenizer.json")
-  digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    digest.update(f.read())
-  digest.update(json.dumps(dict(tokenizer_config.get("special_tokens", {})),
-                           sort_keys=True).encode())
+  specials = json.dumps(dict(tokenizer_config.get("special_tokens", {})), sort_keys=True)
+  digest = hashlib.sha256(f"{file_sha256(path)}\n{specials}".encode())
   return "hf:" + digest.hexdigest()[:16]
 
 
-def fingerprint(model_config: Mapping[str, Any], tokenizer_config: Mapping[str, Any]) -> dict:
-  """The fingerprint of a config's `model` and `tokenizer` sections (ConfigDicts or dicts)."""
-  num_layers = int(model_config["num_layers"])
-  pattern = str(model_config["layer_pattern"]).upper()
+def model_layout(model_config: Mapping[str, Any]) -> dict:
+  """The fingerprint fields a config's `model` section sets (all but the tokenizer)."""
   return {
-      "layer_pattern": (pattern * (num_layers // len(pattern) + 1))[:num_layers],
+      "layer_pattern": "".join(expand_pattern(str(model_config["layer_pattern"]),
+                                              int(model_config["num_layers"]))),
       "block_size": int(model_config["block_size"]),
       "sliding_window": int(model_config["sliding_window"]),
       "cache_dtype": str(model_config["cache_dtype"]),
       "kernel_backend": str(model_config["kernel_backend"]),
-      "tokenizer": tokenizer_hash(tokenizer_config),
   }
+
+
+def fingerprint(model_config: Mapping[str, Any], tokenizer_config: Mapping[str, Any]) -> dict:
+  """The fingerprint of a config's `model` and `tokenizer` sections (ConfigDicts or dicts)."""
+  return {**model_layout(model_config), "tokenizer": tokenizer_hash(tokenizer_config)}
 
 
 def of_config_json(path: str) -> dict | None:

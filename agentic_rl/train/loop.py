@@ -84,6 +84,7 @@ class Trainer:
     self.info = distributed.initialize(tc.coordinator_address, tc.num_processes, tc.process_id)
     self.mesh = distributed.data_mesh()
     self.tokenizer = tokenizer_lib.make_tokenizer(config.tokenizer)
+    self._tokenizer_hash = fingerprint_lib.tokenizer_hash(config.tokenizer)
     # The env by name (config.env.name): its spec, envs, tasks, families and expert.
     self.env_spec = spec = registry.build_spec(config.env, max_turns=config.rollout.max_turns)
     self.env_family = family = registry.family_of(spec)
@@ -376,7 +377,8 @@ class Trainer:
     ckpt.save(global_step, holder, None, extras, force=force)
 
   def _fingerprint(self, config) -> dict:
-    return fingerprint_lib.fingerprint(config.model, self.base_config.tokenizer)
+    """The layout of a route's config; the run's one tokenizer is hashed once, in init."""
+    return {**fingerprint_lib.model_layout(config.model), "tokenizer": self._tokenizer_hash}
 
   def _check_fingerprint(self, saved, config, source: str) -> list[str]:
     """The allowed fingerprint fields that differ; an error for any other difference."""

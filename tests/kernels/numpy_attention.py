@@ -86,20 +86,7 @@ def raw_block_scores(q_bthd, block_keys_bnkd):
 
 def blocks_token_mask(blocks_bktn, q_pos_bt, num_keys, block_size):
   """[B, K, T, S]: key s is attended when its block is selected and s <= the query position."""
-  blocks = np.asarray(blocks_bktn)
-  q_pos = np.asarray(q_pos_bt)
-  b, num_kv, t, _ = blocks.shape
-  mask = np.zeros((b, num_kv, t, num_keys), bool)
-  for bi in range(b):
-    for kv in range(num_kv):
-      for ti in range(t):
-        for blk in blocks[bi, kv, ti]:
-          if blk < 0:
-            continue
-          for s in range(blk * block_size, min((blk + 1) * block_size, num_keys)):
-            if s <= q_pos[bi, ti]:
-              mask[bi, kv, ti, s] = True
-  return mask
+  return blocks_token_counts(blocks_bktn, q_pos_bt, num_keys, block_size) > 0
 
 
 def check_topk_selection(blocks_bktn, raw_scores_bktn, q_pos_bt, block_size, num_selected,
@@ -168,39 +155,31 @@ def attention_vjp(q_bthd, k_bshd, v_bshd, count_bkts, do_bthd):
   dv_s += p_s do, dx_s = p_s (do.v_s - do.o), dq += sum_s dx_s k_s / sqrt(D),
   dk_s += dx_s q / sqrt(D). A query that sees no key has o = 0 and no gradient.
   """
-  q = np.asarray(q_bthd, np.float64)
-  k = np.asarray(k_bshd, np.float64)
-  v = np.asarray(v_bshd, np.float64)
   do = np.asarray(do_bthd, np.float64)
-  b, t, h, d = q.shape
-  num_kv = k.shape[2]
-  group = h // num_kv
-  count = np.asarray(count_bkts, np.float64)
-  if count.ndim == 3:
-    count = np.broadcast_to(count[:, None], (b, num_kv) + count.shape[1:])
+  q, k, v, rows = _counted_softmax_rows(q_bthd, k_bshd, v_bshd, count_bkts)
   dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-  scale = 1.0 / np.sqrt(d)
-  for bi in range(b):
-    for ti in range(t):
-      for hi in range(h):
-        kv = hi // group
-        c = count[bi, kv, ti]
-        seen = np.nonzero(c)[0]
-        if seen.size == 0:
-          continue
-        x = k[bi, seen, kv] @ q[bi, ti, hi] * scale
-        w = c[seen] * np.exp(x - x.max())
-        p = w / w.sum()
-        o = p @ v[bi, seen, kv]
-        dx = p * (v[bi, seen, kv] @ do[bi, ti, hi] - o @ do[bi, ti, hi])
-        dq[bi, ti, hi] += dx @ k[bi, seen, kv] * scale
-        dk[bi, seen, kv] += np.outer(dx, q[bi, ti, hi]) * scale
-        dv[bi, seen, kv] += np.outer(p, do[bi, ti, hi])
+  scale = 1.0 / np.sqrt(q.shape[-1])
+  for bi, ti, hi, kv, seen, p in rows:
+    o = p @ v[bi, seen, kv]
+    dx = p * (v[bi, seen, kv] @ do[bi, ti, hi] - o @ do[bi, ti, hi])
+    dq[bi, ti, hi] += dx @ k[bi, seen, kv] * scale
+    dk[bi, seen, kv] += np.outer(dx, q[bi, ti, hi]) * scale
+    dv[bi, seen, kv] += np.outer(p, do[bi, ti, hi])
   return dq, dk, dv
 
 
 def attention_counted(q_bthd, k_bshd, v_bshd, count_bkts):
   """`attention` with multiplicities: the forward whose gradient `attention_vjp` is."""
+  q, k, v, rows = _counted_softmax_rows(q_bthd, k_bshd, v_bshd, count_bkts)
+  out = np.zeros_like(q)
+  for bi, ti, hi, kv, seen, p in rows:
+    out[bi, ti, hi] = p @ v[bi, seen, kv]
+  return out
+
+
+def _counted_softmax_rows(q_bthd, k_bshd, v_bshd, count_bkts):
+  """q, k, v in float64 and, per query that sees a key, (b, t, h, kv head, seen keys, p):
+  p_s = c_s e^{x_s} / sum_r c_r e^{x_r} over the keys it sees, x_s = q.k_s / sqrt(D)."""
   q = np.asarray(q_bthd, np.float64)
   k = np.asarray(k_bshd, np.float64)
   v = np.asarray(v_bshd, np.float64)
@@ -210,19 +189,21 @@ def attention_counted(q_bthd, k_bshd, v_bshd, count_bkts):
   count = np.asarray(count_bkts, np.float64)
   if count.ndim == 3:
     count = np.broadcast_to(count[:, None], (b, num_kv) + count.shape[1:])
-  out = np.zeros((b, t, h, d))
-  for bi in range(b):
-    for ti in range(t):
-      for hi in range(h):
-        kv = hi // group
-        c = count[bi, kv, ti]
-        seen = np.nonzero(c)[0]
-        if seen.size == 0:
-          continue
-        x = k[bi, seen, kv] @ q[bi, ti, hi] / np.sqrt(d)
-        w = c[seen] * np.exp(x - x.max())
-        out[bi, ti, hi] = (w / w.sum()) @ v[bi, seen, kv]
-  return out
+
+  def rows():
+    for bi in range(b):
+      for ti in range(t):
+        for hi in range(h):
+          kv = hi // group
+          c = count[bi, kv, ti]
+          seen = np.nonzero(c)[0]
+          if seen.size == 0:
+            continue  # Sees no key: o = 0 and no gradient.
+          x = k[bi, seen, kv] @ q[bi, ti, hi] / np.sqrt(d)
+          w = c[seen] * np.exp(x - x.max())
+          yield bi, ti, hi, kv, seen, w / w.sum()
+
+  return q, k, v, rows()
 
 
 def blocks_token_counts(blocks_bktn, q_pos_bt, num_keys, block_size):
