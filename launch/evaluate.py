@@ -7,7 +7,7 @@
 step unless one is named). The eval settings are the config's (config.train.eval_tasks,
 eval_samples, eval_temperature, and config.rollout for turns and lengths), so a score
 compares with a run's `heldout/*` metrics when the settings match. Prints one JSON line;
-`sharpening_headroom` is pass@n - pass@1, the most RL that only sharpens can win.
+`heldout/sharpening_headroom` is pass@n - pass@1, the most RL that only sharpens can win.
 --workdir holds the sandboxes' audit log.
 """
 
@@ -28,7 +28,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where the audit log goes.", req
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  from agentic_rl.train.loop import Trainer  # After flag parsing: --help stays fast.
+  from agentic_rl.train.trainer import Trainer  # After flag parsing: --help stays fast.
   trainer = Trainer(_CONFIG.value, _WORKDIR.value)
   try:
     result = trainer.evaluate_checkpoint(_CHECKPOINT.value, source="--checkpoint")

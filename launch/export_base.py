@@ -43,7 +43,7 @@ def main(argv):
   with open(summary_path) as f:
     summary = json.load(f)
   from agentic_rl.train.evaluation import base_json_scores  # After flag parsing: --help
-  from agentic_rl.train.loop import Trainer  # stays fast.
+  from agentic_rl.train.trainer import Trainer  # stays fast.
   with tempfile.TemporaryDirectory() as scratch:
     trainer = Trainer(_CONFIG.value, scratch)
     try:

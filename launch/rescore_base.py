@@ -33,7 +33,7 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   from agentic_rl.train.evaluation import base_json_scores  # After flag parsing: --help
-  from agentic_rl.train.loop import Trainer  # stays fast.
+  from agentic_rl.train.trainer import Trainer  # stays fast.
   base_dir = resources.resolve(_BASE.value)  # `configs/assets/...` names the shipped base.
   path = os.path.join(base_dir, "base.json")
   with open(path) as f:

@@ -20,7 +20,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and summary.j
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
-  from agentic_rl.train.loop import Trainer  # After flag parsing: --help stays fast.
+  from agentic_rl.train.trainer import Trainer  # After flag parsing: --help stays fast.
   Trainer(_CONFIG.value, _WORKDIR.value).run()
 
 

@@ -2,7 +2,7 @@
 
 A group whose rewards are all equal has zero group-relative advantage
 everywhere, so it adds no policy gradient. `DynamicSampler.collect` asks the
-rollout side for groups of tasks chosen by a `TaskPool`,
+rollout side (a `GroupSource`) for groups of tasks chosen by a `TaskPool`,
 records every outcome with the selector (the dropped groups are informative for
 task selection), keeps the groups with differing rewards and asks again until the
 batch is full or `max_sampling_rounds` have run. If still short, it tops the
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -58,16 +58,20 @@ class CollectStats:
     return self.uninformative_filled == 0
 
 
-GenerateFn = Callable[[list, int], Sequence[Group]]
+class GroupSource(Protocol):
+  """The rollout side: samples groups of episodes."""
+
+  def generate(self, task_ids: list, group_size: int) -> Sequence[Group]:
+    """One `Group` of `group_size` episodes per task id, in order."""
+    ...
 
 
 class DynamicSampler:
   """Fills batches with informative groups; see the module doc."""
 
-  def __init__(self, selector: TaskPool, generate: GenerateFn):
-    """generate(task_ids, group_size) -> one `Group` per task id, in order."""
+  def __init__(self, selector: TaskPool, source: GroupSource):
     self.selector = selector
-    self.generate = generate
+    self.source = source
     self._informative_rate = 1.0  # running estimate, sizes each refill request
 
   def collect(self, num_groups: int) -> tuple[list[Group], CollectStats]:
@@ -81,7 +85,7 @@ class DynamicSampler:
       request = remaining if rounds == 1 else math.ceil(
           remaining / max(self._informative_rate, 0.1))
       tasks = self.selector.sample(request)
-      groups = list(self.generate(tasks, spec.group_size))
+      groups = list(self.source.generate(tasks, spec.group_size))
       if len(groups) != len(tasks):
         raise ValueError(f"generate returned {len(groups)} groups for {len(tasks)} tasks.")
       sampled += len(groups)

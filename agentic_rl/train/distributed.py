@@ -12,6 +12,7 @@ import os
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 
@@ -75,3 +76,30 @@ def replicate(mesh: Mesh, tree):
 def shard_indices(num_items: int, info: ProcessInfo) -> range:
   """The slice of a global item list that this process owns (round-robin)."""
   return range(info.process_index, num_items, info.process_count)
+
+
+def all_gather(info: ProcessInfo, x: np.ndarray) -> np.ndarray:
+  """Every process's `x`, flattened and concatenated in process order."""
+  if info.process_count == 1:
+    return x
+  return np.asarray(multihost_utils.process_allgather(x)).reshape(-1)
+
+
+def local_copy(info: ProcessInfo, tree):
+  """This process's copy of a replicated tree (what the rollout engine uses)."""
+  if info.process_count == 1:
+    return tree
+  return jax.tree.map(lambda x: x.addressable_data(0), tree)
+
+
+def ensure_replicated(info: ProcessInfo, mesh: Mesh, tree):
+  """`tree` replicated over the global mesh; with one process, or when every leaf already
+  is, as given (the host round trip happens only where it must)."""
+  if info.process_count == 1:
+    return tree
+  sharding = replicated(mesh)
+  leaves = jax.tree.leaves(tree)
+  if all(isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim)
+         for x in leaves):
+    return tree
+  return replicate(mesh, jax.device_get(tree))

@@ -124,12 +124,13 @@ def paired_gain(before_bk, after_bk) -> dict:
 
 
 def base_json_scores(scored: dict) -> dict:
-  """A shipped base's base.json score fields from Trainer.score_params' result
+  """A shipped base's base.json score fields from an Evaluator.score result
   (launch/export_base writes them, launch/rescore_base rewrites them)."""
   samples = scored["heldout/samples_per_task"]
-  return {"heldout_solve_rate_sft": scored["pass_at_k"]["1"],
-          "heldout_stderr_sft": scored["solve_stderr"],
-          "heldout_pass_at_k_sft": scored["pass_at_k"][str(samples)],
-          "heldout_pass_at_k_curve": scored["pass_at_k"],
-          "heldout_episodes": scored["episodes"], "heldout_samples_per_task": samples,
-          "heldout_mean_reward_sft": scored["mean_reward"]}
+  curve = scored["heldout/pass_at_k_curve"]
+  return {"heldout_solve_rate_sft": curve["1"],
+          "heldout_stderr_sft": scored["heldout/solve_stderr"],
+          "heldout_pass_at_k_sft": curve[str(samples)],
+          "heldout_pass_at_k_curve": curve,
+          "heldout_episodes": scored["heldout/episodes"], "heldout_samples_per_task": samples,
+          "heldout_mean_reward_sft": scored["heldout/mean_reward"]}

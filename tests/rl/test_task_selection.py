@@ -60,11 +60,19 @@ def _selector(task_ids, **changes):
   return _Selector(task_ids, tiny_model.rl_spec(**changes))
 
 
-def _generate(rewards_by_task):
-  def generate(task_ids, group_size):
-    return [ds.Group(t, np.array(rewards_by_task[t](group_size), np.float64), payload=t)
+class _Source:
+  """A GroupSource whose groups' rewards come from `rewards_fn(task, group_size)`."""
+
+  def __init__(self, rewards_fn):
+    self.rewards_fn = rewards_fn
+
+  def generate(self, task_ids, group_size):
+    return [ds.Group(t, np.array(self.rewards_fn(t, group_size), np.float64), payload=t)
             for t in task_ids]
-  return generate
+
+
+def _generate(rewards_by_task):
+  return _Source(lambda task, g: rewards_by_task[task](g))
 
 
 def test_dynamic_sampling_keeps_informative_groups_and_refills():
@@ -318,8 +326,7 @@ def test_dynamic_sampling_draws_from_a_task_pool():
   pool = _pool(pool_size=4, group_size=4, max_sampling_rounds=10, priority="uniform")
   rewards = lambda task, g: ([1.0] * g if int(task.split("/")[1]) % 2 == 0
                              else [1.0, 0.0] * (g // 2))
-  generate = lambda ids, g: [ds.Group(t, np.array(rewards(t, g)), payload=t) for t in ids]
-  groups, stats = ds.DynamicSampler(pool, generate).collect(3)
+  groups, stats = ds.DynamicSampler(pool, _Source(rewards)).collect(3)
   kept = [g.task_id for g in groups]
   assert len(set(kept)) == 3 and all(int(t.split("/")[1]) % 2 for t in kept)
   assert stats.filled_with_informative

@@ -19,7 +19,7 @@ from agentic_rl.records import trajectory as trajectory_lib
 from agentic_rl.rollout.device_steps import DeviceSteps
 from agentic_rl.rollout.tokenizer import ByteTokenizer
 from agentic_rl.train import sft as sft_lib
-from agentic_rl.train.loop import END_REASONS, end_reason_metrics
+from agentic_rl.train.reporting import END_REASONS, end_reason_metrics
 from tests.rollout.conftest import CHUNK, MAX_LEN, make_engine
 from agentic_rl.envs.countdown import CountdownEnv, CountdownTeacher
 from tests.rollout.test_engine import learner_logprobs

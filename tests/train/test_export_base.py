@@ -16,12 +16,12 @@ import numpy as np
 from agentic_rl.train import params_file
 from tests.train import run_train
 
-# Runs launch.export_base's main with loop.Trainer replaced by a stub.
+# Runs launch.export_base's main with trainer.Trainer replaced by a stub.
 _STUB = """
 import sys
 import numpy as np
 from absl import app
-from agentic_rl.train import loop
+from agentic_rl.train import trainer
 
 PARAMS = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.float32)}
 
@@ -34,14 +34,14 @@ class StubTrainer:
     return PARAMS, {"sft_best_step": 7, "sft_plateau": None}
 
   def score_params(self, params):
-    return {"heldout/samples_per_task": 2, "pass_at_k": {"1": 0.25, "2": 0.5},
-            "solve_stderr": 0.1, "episodes": 8, "mean_reward": 0.3}
+    return {"heldout/samples_per_task": 2, "heldout/pass_at_k_curve": {"1": 0.25, "2": 0.5},
+            "heldout/solve_stderr": 0.1, "heldout/episodes": 8, "heldout/mean_reward": 0.3}
 
   def close(self):
     pass
 
 
-loop.Trainer = StubTrainer
+trainer.Trainer = StubTrainer
 from launch import export_base
 app.run(export_base.main)
 """

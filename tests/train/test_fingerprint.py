@@ -7,7 +7,8 @@ import pytest
 from agentic_rl import resources
 from agentic_rl.train import fingerprint as fp
 from agentic_rl.train.checkpointing import Checkpointer
-from agentic_rl.train.loop import Trainer
+from agentic_rl.train.run_state import RunState
+from agentic_rl.train.trainer import Trainer
 from configs import quickstart
 from tests.train.tiny_config import tiny_config
 
@@ -47,12 +48,11 @@ def test_init_checkpoint_under_another_layout_fails_unless_allowed(tmp_path, all
   config.train.allow_fingerprint_change = allow
   trainer = Trainer(config, str(tmp_path))
   try:
-    holder = trainer._init_state(trainer._ensure_route(0))
     if not allow:
       with pytest.raises(ValueError, match=r"layer_pattern: saved 'SSSG', now 'SSSF'"):
-        trainer._load_params(quickstart.BASE, holder, "config.train.init_checkpoint")
+        trainer.load_params(quickstart.BASE, "config.train.init_checkpoint")
     else:
-      _, provenance = trainer._load_params(quickstart.BASE, holder, "init")
+      _, provenance = trainer.load_params(quickstart.BASE, "init")
       assert provenance["layout_changed"] == ["layer_pattern"]
   finally:
     trainer.close()
@@ -70,9 +70,9 @@ def test_a_resume_under_another_layout_fails(tmp_path):
   config.train.sft_steps = 1
   trainer = Trainer(config, str(tmp_path))
   try:
-    holder = trainer._init_state(trainer._ensure_route(0))
+    state = trainer.routes.for_step(0).init_state(config.seed)
     ckpt = Checkpointer(os.path.join(tmp_path, "checkpoints"))
-    trainer._save(ckpt, holder, {"phase": "sft", "sft_step": 1, "rl_step": 0}, force=True)
+    trainer.state_io.save(ckpt, state, RunState(phase="sft", sft_step=1), config, force=True)
     ckpt.close()
   finally:
     trainer.close()

@@ -56,10 +56,12 @@ def test_init_checkpoint_and_rescoring_a_copied_start(tmp_path):
   scored = json.loads(out.stdout.strip().splitlines()[-1])
   samples = scored["heldout/samples_per_task"]
   assert scored["checkpoint"]["step"] == 2
-  assert scored["pass_at_k"]["1"] == pytest.approx(sft["heldout_solve_rate_sft"])
-  assert scored["pass_at_k"][str(samples)] == pytest.approx(sft["heldout_pass_at_k_sft"])
-  assert scored["mean_reward"] == pytest.approx(sft["heldout_mean_reward_sft"])
-  assert len(scored["solves_per_task"]) == scored["heldout/num_tasks"]
+  curve = scored["heldout/pass_at_k_curve"]
+  assert curve["1"] == pytest.approx(sft["heldout_solve_rate_sft"])
+  assert curve[str(samples)] == pytest.approx(sft["heldout_pass_at_k_sft"])
+  assert scored["heldout/sharpening_headroom"] == pytest.approx(curve[str(samples)] - curve["1"])
+  assert scored["heldout/mean_reward"] == pytest.approx(sft["heldout_mean_reward_sft"])
+  assert len(scored["heldout/solves_per_task"]) == scored["heldout/num_tasks"]
   # A checkpoint of another model: the error names the flag and the path.
   out = run_train.run_module("launch.evaluate", f"--config={run_train.TINY_CONFIG}",
                              f"--checkpoint={sft_dir}", f"--workdir={tmp_path / 'eval2'}",

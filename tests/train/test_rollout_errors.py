@@ -11,7 +11,8 @@ import pytest
 
 from agentic_rl.envs import registry
 from agentic_rl.envs.swe_env import SweEnv
-from agentic_rl.train import loop as loop_lib
+from agentic_rl.train import reporting
+from agentic_rl.train.trainer import Trainer
 from tests.train.tiny_config import tiny_config
 
 
@@ -44,12 +45,12 @@ def test_an_env_that_raises_ends_its_trajectory_and_the_run_goes_on(tmp_path, mo
   config.env.name = "flaky_swe"
   config.train.sft_steps = 0
   config.rl.num_steps = 1
-  summary = loop_lib.Trainer(config, str(tmp_path)).run()
+  summary = Trainer(config, str(tmp_path)).run()
   assert summary["rl_steps"] == 1
   with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
     [rl] = [m for m in map(json.loads, f) if "rollout/reward_mean" in m]
   ends = {k: v for k, v in rl.items() if k.startswith("rollout/end_")}
-  assert set(ends) == {f"rollout/end_{r}" for r in loop_lib.END_REASONS + ("other",)}
+  assert set(ends) == {f"rollout/end_{r}" for r in reporting.END_REASONS + ("other",)}
   assert ends["rollout/end_env_error"] >= 1
   assert sum(ends.values()) == rl["rollout/episodes"]
   assert rl["skipped_steps"] == 0 and np.isfinite(rl["loss"])

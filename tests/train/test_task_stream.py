@@ -6,7 +6,7 @@ import pytest
 
 from agentic_rl.envs import countdown
 from agentic_rl.envs import registry
-from agentic_rl.train.loop import _solve_stderr_by_task
+from agentic_rl.train.reporting import solve_stderr_by_task
 from agentic_rl.train.task_stream import TIER_STRIDE, TaskStream
 
 
@@ -59,6 +59,6 @@ def test_a_tier_is_a_seeded_permutation_read_by_position_and_resumable():
 def test_solve_stderr_counts_tasks_not_episodes():
   # Tasks 1 and 2, two episodes each: per-task solve rates 1.0 and 0.0.
   tasks, rewards = np.asarray([1, 1, 2, 2]), np.asarray([1.0, 1.0, 0.5, 0.0])
-  assert _solve_stderr_by_task(tasks, rewards) == pytest.approx(
+  assert solve_stderr_by_task(tasks, rewards) == pytest.approx(
       np.std([1.0, 0.0], ddof=1) / 2 ** 0.5)
-  assert _solve_stderr_by_task(np.asarray([5, 5]), np.asarray([1.0, 0.0])) == 0.0
+  assert solve_stderr_by_task(np.asarray([5, 5]), np.asarray([1.0, 0.0])) == 0.0

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import types
 
 import jax
 import ml_collections
@@ -251,7 +250,8 @@ def test_sft_schedule_spans_the_sft_steps_not_the_rl_phase():
 
 def test_summary_gain_is_final_minus_start_hand_computed():
   """summary.json's held-out gain on a hand example: after minus before, paired per task."""
-  from agentic_rl.train.loop import Trainer
+  from agentic_rl.train import reporting
+  from agentic_rl.train.run_state import RunState
 
   # Start: 2 samples per task, solves 0, 1, 2 (means 0, 1/2, 1; pass@1 1/2). Final: 4
   # samples, solves 2, 1, 4 (means 1/2, 1/4, 1; pass@1 7/12). Per-task differences
@@ -261,12 +261,11 @@ def test_summary_gain_is_final_minus_start_hand_computed():
            "heldout/solve_rate": 0.5}
   final = {"heldout/solves_per_task": [2, 1, 4], "heldout/samples_per_task": 4,
            "heldout/solve_rate": 7 / 12}
-  extras = {"heldout_sft": start, "heldout_last": final, "rl_step": 3, "sft_step": 2,
-            "mismatch_kl": [1e-3, float("nan"), 3e-3]}
-  # _summary reads only these two of the trainer's attributes.
-  trainer = types.SimpleNamespace(_same_eval_settings=lambda scores: True,
-                                  base_config=ml_collections.ConfigDict({"seed": 0}))
-  summary = Trainer._summary(trainer, extras, time.time(), {"w": np.zeros(2, np.float32)})
+  run = RunState(phase="rl", heldout_sft=start, heldout_last=final, rl_step=3, sft_step=2,
+                 mismatch_kl=[1e-3, float("nan"), 3e-3])
+  summary = reporting.summarize(run, start_wall=time.time(),
+                                params={"w": np.zeros(2, np.float32)},
+                                config=ml_collections.ConfigDict({"seed": 0}), comparable=True)
   stderr = np.sqrt(7) / 12
   assert summary["heldout_gain"] == pytest.approx(1 / 12)
   assert summary["heldout_gain"] == pytest.approx(

@@ -1,0 +1,181 @@
+"""The RL phase: score the starting point, then per step sample groups from the task pool
+(dynamic sampling), learn on them, log, evaluate when due and checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+from agentic_rl.records.trajectory import to_batch
+from agentic_rl.rl import dynamic_sampling
+from agentic_rl.rl import task_selection
+from agentic_rl.rl.train_step import TrainState
+from agentic_rl.train import distributed
+from agentic_rl.train import reporting
+from agentic_rl.train import sft as sft_lib
+from agentic_rl.train.curves import history_row
+from agentic_rl.train.evaluation import episode_rates
+from agentic_rl.train.evaluator import scalar_metrics
+from agentic_rl.train.run_context import RunContext
+from agentic_rl.train.run_state import RunState
+
+
+class RolloutGroups:
+  """The rollout side of one RL step, for DynamicSampler: each task's group runs through
+  the engine with seeds from (step, task number), so a resumed step samples the same."""
+
+  def __init__(self, engine, tasks, step: int):
+    self.engine = engine
+    self.tasks = tasks
+    self.step = step
+    self.end_reasons: list[str] = []
+
+  def generate(self, task_ids, group_size) -> list[dynamic_sampling.Group]:
+    seeds = [self.step * 1_000_003 + self.tasks.number(t) for t in task_ids]
+    trajs = self.engine.run([self.tasks.task(t) for t in task_ids], task_seeds=seeds)
+    self.end_reasons.extend(t.end_reason for t in trajs)
+    groups = []
+    for g, task in enumerate(task_ids):
+      members = [t for t in trajs if t.group_id == g]
+      groups.append(dynamic_sampling.Group(task, np.asarray([m.reward for m in members]),
+                                           members))
+    return groups
+
+
+def run_rl(ctx: RunContext, state: TrainState, run: RunState) -> TrainState:
+  num_steps = int(ctx.config.rl.num_steps)
+  state = ctx.state_io.replicated(state)
+  _score_start(ctx, state, run)
+  pool = _task_pool(ctx, run)
+  run_start, steps_done = time.time(), 0
+  while run.rl_step < num_steps and not ctx.stop.is_set():
+    state, logged = _rl_step(ctx, pool, state, run, num_steps)
+    steps_done += 1
+    eta = (time.time() - run_start) / steps_done * (num_steps - run.rl_step)
+    solve = (run.heldout_last or run.heldout_sft)["heldout/solve_rate"]
+    ctx.say(f"rl {run.rl_step}/{num_steps} | reward {logged['rollout/reward_mean']:.3f} | "
+            f"train solve {logged['rollout/solve_rate']:.3f} | held-out solve {solve:.3f} | "
+            f"{logged['rollout/tokens_per_s']:.0f} tok/s | ETA {eta:.0f}s")
+    if run.rl_step % ctx.train_spec.checkpoint_every == 0 or run.rl_step == num_steps:
+      ctx.save(state, run)
+  if ctx.stop.is_set():
+    ctx.save(state, run, force=True)
+  return state
+
+
+def _score_start(ctx: RunContext, state, run: RunState):
+  """Scores the params RL starts from, once, so the summary compares like with like."""
+  evaluator = ctx.evaluator
+  if evaluator.same_settings(run.heldout_sft):
+    return
+  if run.rl_step > 0:  # Scored under other settings and RL has moved the params since.
+    print("warning: the RL starting point was scored under other held-out settings "
+          f"({reporting.eval_settings_text(run.heldout_sft)}) than this run's "
+          f"({reporting.eval_settings_text(evaluator.settings())}) and RL has already moved "
+          "the params, so it cannot be re-scored; the summary flags the comparison.",
+          flush=True)
+    return
+  start = run.heldout_sft = evaluator.score(ctx.routes.for_step(0), state.params)
+  ctx.logger.scalars(run.global_step, scalar_metrics(start, "heldout_sft/"))
+  run.history.append(history_row(0, {"heldout/solve_rate": start["heldout/solve_rate"],
+                                     "heldout/solve_stderr": start["heldout/solve_stderr"]}))
+  ctx.say(f"held-out solve rate of the RL starting point: {start['heldout/solve_rate']:.3f} "
+          f"± {start['heldout/solve_stderr']:.3f} ({start['heldout/episodes']} episodes, "
+          f"{start['heldout/seconds']:.0f}s)")
+  ctx.save(state, run, force=True)
+
+
+def _task_pool(ctx: RunContext, run: RunState) -> task_selection.TaskPool:
+  """The run's task pool over ctx.tasks, restored from `run` when resuming."""
+  pool = task_selection.TaskPool(
+      ctx.routes.for_step(run.rl_step).rl_spec, ctx.tasks,
+      shard=(ctx.info.process_index, ctx.info.process_count),
+      default_tier=ctx.env_spec.default_tier)
+  if run.pool:
+    pool.load_state_dict(run.pool)
+    ctx.tasks.position.update(run.stream)
+  return pool
+
+
+def _rl_step(ctx: RunContext, pool, state, run: RunState, num_steps: int
+             ) -> tuple[TrainState, dict]:
+  """One step: collect, learn, log, evaluate when due; returns the state and the logged
+  metrics."""
+  tc = ctx.train_spec
+  step = run.rl_step
+  route = ctx.routes.for_step(step)
+  t0 = time.time()
+  trajs, numbers, outcome_rewards, rollout_logged = _collect(ctx, route, pool, state, step)
+  t1 = time.time()
+  # Every process pads to one length: the longest trajectory rounded up to a multiple
+  # of 128 (a handful of shapes to compile, far less padding than max_len).
+  longest = int(ctx.gather(np.asarray([max(t.length for t in trajs)], np.int64)).max())
+  local_batch = to_batch(trajs, length=sft_lib.padded_length(
+      max(longest, 1), route.rollout_spec.max_len, multiple=128))  # 0: nothing started.
+  batch = (distributed.global_batch(ctx.mesh, local_batch) if ctx.info.process_count > 1
+           else local_batch)
+  state, metrics = route.train_step(state, batch)
+  metrics = jax.device_get(metrics)
+  learner_s = time.time() - t1
+  run.rl_step = step + 1
+  gen_tokens = float(ctx.gather(np.asarray([sum(t.num_generated for t in trajs)],
+                                           np.float64)).sum())
+  rollout_s = rollout_logged["rollout/seconds"]
+  logged = {**metrics, **rollout_logged,
+            # Every episode sampled this step, the uniform groups dynamic sampling dropped
+            # included; batch/* is the part the learner trained on.
+            **episode_rates("rollout", outcome_rewards),
+            **episode_rates("batch", ctx.gather(np.asarray([t.reward for t in trajs],
+                                                           np.float64))),
+            "rollout/generated_tokens": gen_tokens,
+            "rollout/tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
+            "rollout/mean_length": float(np.mean([t.length for t in trajs])),
+            "rollout/solve_stderr": reporting.solve_stderr_by_task(numbers, outcome_rewards),
+            "learner/seconds": learner_s,
+            "learner/tokens_per_s": float(np.asarray(local_batch.loss_mask_bt).sum()
+                                          * ctx.info.process_count) / max(learner_s, 1e-9),
+            "stage/route_a": float(route.name == "A"),
+            **reporting.tool_statistics(trajs)}
+  if run.rl_step % tc.eval_every == 0 or run.rl_step == num_steps:
+    run.heldout_last = ctx.evaluator.score(route, state.params)
+    logged.update(scalar_metrics(run.heldout_last))
+  logged = ctx.logger.scalars(run.global_step, logged)
+  run.history.append(history_row(run.rl_step, logged))
+  run.rl_wall_seconds += time.time() - t0
+  run.mismatch_kl.append(float(metrics.get("mismatch/k3", float("nan"))))
+  if run.rl_step % tc.log_samples_every == 0:
+    for t in trajs[:tc.num_samples_logged]:
+      ctx.logger.text(run.global_step, "samples",
+                      reporting.render_trajectory(ctx.tokenizer, t))
+  run.pool, run.stream = pool.state_dict(), dict(ctx.tasks.position)
+  return state, logged
+
+
+def _collect(ctx: RunContext, route, pool, state, step: int):
+  """(this process's trajectories, every process's sampled task numbers and rewards,
+  rollout metrics): dynamic sampling until the step's groups are informative."""
+  t0 = time.time()
+  pool.rng = np.random.default_rng([ctx.config.seed, 11, step])
+  route.engine.set_params(ctx.local(state.params), step)
+  source = RolloutGroups(route.engine, ctx.tasks, step)
+  sampler = dynamic_sampling.DynamicSampler(pool, source)
+  groups, stats = sampler.collect(ctx.train_spec.groups_per_step // ctx.info.process_count)
+  rollout_s = time.time() - t0
+  trajs = [dataclasses.replace(t, group_id=ctx.info.process_index * len(groups) + g)
+           for g, group in enumerate(groups) for t in group.payload]
+  # Task numbers travel as int32: a float32 gather would round ids above 2^24.
+  numbers = ctx.gather(np.asarray([ctx.tasks.number(t) for t, _ in pool.outcomes], np.int32))
+  rewards = ctx.gather(np.asarray([r for _, r in pool.outcomes], np.float32))
+  selection = pool.selection_stats()
+  pool.apply([ctx.tasks.task_id(n) for n in numbers], list(rewards))
+  pool.end_step()
+  logged = {"rollout/seconds": rollout_s,
+            "rollout/groups_dropped": stats.groups_dropped,
+            "rollout/sampling_rounds": stats.rounds,
+            "rollout/peak_kv_bytes": route.engine.stats.peak_kv_bytes,
+            **reporting.end_reason_metrics(source.end_reasons, ctx.gather),
+            **selection}
+  return trajs, numbers, rewards, logged

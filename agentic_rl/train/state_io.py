@@ -1,0 +1,134 @@
+"""A run's state in and out: checkpoints (save, resume) and start params from another
+run's checkpoint or a params.safetensors folder, each checked against the layout
+fingerprint of the config that will use them.
+
+On disk a checkpoint's state is {"train": TrainState}; its extras are the RunState
+plus the fingerprint of the route that wrote it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from agentic_rl import resources
+from agentic_rl.rl.train_step import TrainState
+from agentic_rl.train import distributed
+from agentic_rl.train import fingerprint as fingerprint_lib
+from agentic_rl.train import params_file
+from agentic_rl.train.checkpointing import Checkpointer, resolve_checkpoint
+from agentic_rl.train.run_state import RunState, provenance
+
+
+def with_reference(state: TrainState) -> TrainState:
+  """The state with its KL reference (when it has one) set to its current params."""
+  if state.ref_params is None:
+    return state
+  return state.replace(ref_params=jax.tree.map(jnp.copy, state.params))
+
+
+class StateIO:
+
+  def __init__(self, info: distributed.ProcessInfo, mesh, tokenizer_hash: str,
+               allow_fingerprint_change: tuple[str, ...]):
+    self.info = info
+    self.mesh = mesh
+    self.tokenizer_hash = tokenizer_hash  # The run's one tokenizer, hashed once.
+    self.allow_fingerprint_change = allow_fingerprint_change
+
+  def replicated(self, tree):
+    return distributed.ensure_replicated(self.info, self.mesh, tree)
+
+  def fingerprint(self, config: ml_collections.ConfigDict) -> dict:
+    return {**fingerprint_lib.model_layout(config.model), "tokenizer": self.tokenizer_hash}
+
+  def check_fingerprint(self, saved, config, source: str) -> list[str]:
+    """The allowed fingerprint fields that differ; an error for any other difference."""
+    changed = fingerprint_lib.check(saved, self.fingerprint(config),
+                                    self.allow_fingerprint_change, source)
+    if saved is None:
+      print(f"{source} records no layout fingerprint: not checked.", flush=True)
+    elif changed:
+      print(f"{source}: layout fields {changed} differ, as "
+            "config.train.allow_fingerprint_change allows.", flush=True)
+    return changed
+
+  # -- the run's own checkpoints ---------------------------------------------------------
+
+  def save(self, ckpt: Checkpointer, state: TrainState, run: RunState,
+           config: ml_collections.ConfigDict, *, force: bool = False):
+    """Saves at the run's global step; `config` is the route that trained the params."""
+    # Orbax writes multi-host state as global arrays.
+    ckpt.save(run.global_step, {"train": self.replicated(state)}, None,
+              run.to_extras(self.fingerprint(config)), force=force)
+
+  def resume(self, ckpt: Checkpointer, like: TrainState, config_for_step
+             ) -> tuple[TrainState, RunState] | None:
+    """The latest checkpoint in `ckpt` restored into `like`'s layout, or None.
+    `config_for_step(rl_step)` is the config the saved step ran under."""
+    restored = ckpt.restore({"train": self.replicated(like)})
+    if restored is None:
+      return None
+    _, tree, extras = restored
+    source = f"the checkpoint in {ckpt.directory}"
+    run, saved_fingerprint = RunState.from_extras(extras, source)
+    self.check_fingerprint(saved_fingerprint, config_for_step(run.rl_step), source)
+    print(f"resumed from {ckpt.directory} at {run.phase} step {run.phase_step}", flush=True)
+    return tree["train"], run
+
+  # -- start params from elsewhere ------------------------------------------------------
+
+  def load_params(self, path: str, like: TrainState, config: ml_collections.ConfigDict,
+                  source: str) -> tuple[TrainState, dict]:
+    """`like` with the params saved at `path` (everything else as given; the KL reference,
+    if any, set to them) and where they came from. `path` is a run's workdir, checkpoints/
+    or step folder, or a params.safetensors folder (a shipped base). `source` names the
+    config field or flag `path` came from in errors."""
+    path = resources.resolve(path)
+    if params_file.params_path(path):
+      params, where = self._params_from_file(path, like, config, source)
+    else:
+      params, where = self._params_from_checkpoint(path, like, config, source)
+    return with_reference(like.replace(params=params)), where
+
+  def _params_from_checkpoint(self, path, like, config, source):
+    directory, step = resolve_checkpoint(path)
+    reader = Checkpointer(directory, read_only=True)
+    like = self.replicated(like)
+    # The source may or may not carry a KL reference (its run's kl_coef): try both layouts.
+    layouts = [like] if like.ref_params is None else [like.replace(ref_params=None), like]
+    try:
+      for n, layout in enumerate(layouts):
+        try:
+          _, restored, extras = reader.restore({"train": layout}, step=step)
+          break
+        except RuntimeError as err:
+          if n + 1 == len(layouts):
+            raise RuntimeError(f"{source}={path!r}: {err}") from err
+    finally:
+      reader.close()
+    changed = self.check_fingerprint(extras.get("fingerprint"), config, f"{source}={path!r}")
+    print(f"params from {directory} step {step} (phase {extras.get('phase')}, "
+          f"sft step {extras.get('sft_step')}, rl step {extras.get('rl_step')})", flush=True)
+    where = {"directory": directory, "step": int(step), "layout_changed": changed,
+             **provenance(extras)}
+    return restored["train"].params, where  # With `like`'s shardings (replicated).
+
+  def _params_from_file(self, path, like, config, source):
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    # The config.json beside the file gives the layout the params were trained under.
+    changed = self.check_fingerprint(
+        fingerprint_lib.of_config_json(os.path.join(folder, "config.json")), config,
+        f"{source}={path!r}")
+    # A value head (route A's critic) starts fresh on a base that has none.
+    params = params_file.load_params(path, jax.device_get(like.params), source,
+                                     fresh_prefixes=("value_head/",))
+    params = (distributed.replicate(self.mesh, params) if self.info.process_count > 1
+              else jax.tree.map(jnp.asarray, params))
+    meta = params_file.read_metadata(path)
+    file = params_file.params_path(path)
+    print(f"params from {file} ({meta.get('description', 'no description')})", flush=True)
+    return params, {"file": file, "layout_changed": changed, **provenance(meta)}
