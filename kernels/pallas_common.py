@@ -7,8 +7,12 @@ and Mosaic (TPU) as well as running in interpret mode:
 - every array a kernel touches is 2-D inside the kernel ([rows, cols]);
 - block dims are powers of two (Triton) and either full array dims or
   multiples of 8 on the second-minor axis (Mosaic);
-- dynamic indexing only on a leading, untiled axis (k_ref[tile] -> [tk, D]);
+- dynamic indexing only on a leading, untiled axis (k_ref[tile] -> [tk, H]);
 - integer tables that are read as scalars live in SMEM on TPU.
+
+Axis letters are kernels/reference.py's (n query heads, k kv heads, g group, h head
+dim, c key block or tile, l key within it); inside a kernel, r is a row of a query
+tile: a query position x a query head of the group, flattened.
 """
 
 from __future__ import annotations
@@ -81,91 +85,92 @@ def table_spec(block_shape, index_map, platform: str):
   return pl.BlockSpec(block_shape, index_map)
 
 
-def scores(q_rd, k_cd, mode: str):
-  """q_rd @ k_cd.T in float32 -> [R, C]."""
+def scores(q_rh, k_lh, mode: str):
+  """q_rh @ k_lh.T in float32 -> [R, L]."""
   if mode == "dot":
-    return jax.lax.dot_general(q_rd, k_cd, (((1,), (1,)), ((), ())),
+    return jax.lax.dot_general(q_rh, k_lh, (((1,), (1,)), ((), ())),
                                precision=jax.lax.Precision.HIGHEST,
                                preferred_element_type=jnp.float32)
-  return jnp.sum(q_rd[:, None, :] * k_cd[None, :, :], axis=-1)
+  return jnp.sum(q_rh[:, None, :] * k_lh[None, :, :], axis=-1)
 
 
-def weighted_values(p_rc, v_cd, mode: str):
-  """p_rc @ v_cd in float32 -> [R, D]."""
+def weighted_values(p_rl, v_lh, mode: str):
+  """p_rl @ v_lh in float32 -> [R, H]."""
   if mode == "dot":
-    return jax.lax.dot_general(p_rc, v_cd, (((1,), (0,)), ((), ())),
+    return jax.lax.dot_general(p_rl, v_lh, (((1,), (0,)), ((), ())),
                                precision=jax.lax.Precision.HIGHEST,
                                preferred_element_type=jnp.float32)
-  return jnp.sum(p_rc[:, :, None] * v_cd[None, :, :], axis=1)
+  return jnp.sum(p_rl[:, :, None] * v_lh[None, :, :], axis=1)
 
 
 def softmax_init(rows: int, head_dim: int):
-  """(acc [R, D], running max [R, 1], running denominator [R, 1])."""
+  """(acc [R, H], running max [R, 1], running denominator [R, 1])."""
   return (jnp.zeros((rows, head_dim), jnp.float32),
           jnp.full((rows, 1), _NEG_INF, jnp.float32),
           jnp.zeros((rows, 1), jnp.float32))
 
 
-def softmax_step(carry, s_rc, mask_rc, v_cd, mode: str):
+def softmax_step(carry, scores_rl, mask_rl, v_lh, mode: str):
   """One flash-attention update with a key tile; masked keys contribute nothing.
 
   The running max starts at -inf; while a row has seen no key its shift is 0,
   so exp never sees inf - inf and an all-masked row keeps acc = l = 0.
   """
-  acc_rd, m_r1, l_r1 = carry
-  s_rc = jnp.where(mask_rc, s_rc, _NEG_INF)
-  m_new = jnp.maximum(m_r1, jnp.max(s_rc, axis=1, keepdims=True))
+  acc_rh, m_r1, l_r1 = carry
+  scores_rl = jnp.where(mask_rl, scores_rl, _NEG_INF)
+  m_new = jnp.maximum(m_r1, jnp.max(scores_rl, axis=1, keepdims=True))
   shift = jnp.where(m_new == _NEG_INF, 0.0, m_new)
-  p_rc = jnp.where(mask_rc, jnp.exp(s_rc - shift), 0.0)
+  p_rl = jnp.where(mask_rl, jnp.exp(scores_rl - shift), 0.0)
   correction = jnp.exp(m_r1 - shift)
-  l_new = correction * l_r1 + jnp.sum(p_rc, axis=1, keepdims=True)
-  acc_new = correction * acc_rd + weighted_values(p_rc, v_cd, mode)
+  l_new = correction * l_r1 + jnp.sum(p_rl, axis=1, keepdims=True)
+  acc_new = correction * acc_rh + weighted_values(p_rl, v_lh, mode)
   return acc_new, m_new, l_new
 
 
-def softmax_finish(acc_rd, l_r1):
+def softmax_finish(acc_rh, l_r1):
   """Normalised output; rows that saw no key are exactly zero."""
   seen = l_r1 > 0
-  return jnp.where(seen, acc_rd / jnp.where(seen, l_r1, 1.0), 0.0)
+  return jnp.where(seen, acc_rh / jnp.where(seen, l_r1, 1.0), 0.0)
 
 
-def padded_head_dim(d: int) -> int:
-  return max(_MIN_DOT_DIM, next_pow2(d))
+def padded_head_dim(h: int) -> int:
+  return max(_MIN_DOT_DIM, next_pow2(h))
 
 
-def group_queries(q_bthd, num_kv_heads: int, group_pad: int, head_dim_pad: int):
-  """[B, T, H, D] -> [B, K, T, Gp, Dp]: the G query heads of each kv head, zero-padded."""
-  b, t, h, d = q_bthd.shape
-  g = h // num_kv_heads
-  q = q_bthd.reshape(b, t, num_kv_heads, g, d)
-  q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, group_pad - g), (0, head_dim_pad - d)))
-  return jnp.transpose(q, (0, 2, 1, 3, 4))
+def group_queries(q_btnh, num_kv_heads: int, group_pad: int, head_dim_pad: int):
+  """[B, T, N, H] -> [B, K, T, Gp, Hp]: the G query heads of each kv head, zero-padded."""
+  b, t, n, h = q_btnh.shape
+  g = n // num_kv_heads
+  q_btkgh = q_btnh.reshape(b, t, num_kv_heads, g, h)
+  q_btkgh = jnp.pad(q_btkgh,
+                    ((0, 0), (0, 0), (0, 0), (0, group_pad - g), (0, head_dim_pad - h)))
+  return jnp.transpose(q_btkgh, (0, 2, 1, 3, 4))
 
 
-def ungroup_outputs(o_bktgd, t: int, h: int, d: int):
-  """[B, K, Tp, Gp, Dp] -> [B, t, H, D], dropping the padding."""
-  b, k = o_bktgd.shape[:2]
-  g = h // k
-  o = o_bktgd[:, :, :t, :g, :d]
-  return jnp.transpose(o, (0, 2, 1, 3, 4)).reshape(b, t, h, d)
+def ungroup_outputs(o_bktgh, t: int, n: int, h: int):
+  """[B, K, Tp, Gp, Hp] -> [B, t, N, H], dropping the padding (n query heads, h head dim)."""
+  b, k = o_bktgh.shape[:2]
+  g = n // k
+  o_bktgh = o_bktgh[:, :, :t, :g, :h]
+  return jnp.transpose(o_bktgh, (0, 2, 1, 3, 4)).reshape(b, t, n, h)
 
 
-def kv_heads_major(x_bshd, head_dim_pad: int, length_pad: int):
-  """[B, S, K, D] -> [B, K, Sp, Dp], zero-padded."""
-  b, s, k, d = x_bshd.shape
-  x = jnp.pad(x_bshd, ((0, 0), (0, length_pad - s), (0, 0), (0, head_dim_pad - d)))
-  return jnp.transpose(x, (0, 2, 1, 3))
+def kv_heads_major(x_bskh, head_dim_pad: int, length_pad: int):
+  """[B, S, K, H] -> [B, K, Sp, Hp], zero-padded."""
+  b, s, k, h = x_bskh.shape
+  x_bskh = jnp.pad(x_bskh, ((0, 0), (0, length_pad - s), (0, 0), (0, head_dim_pad - h)))
+  return jnp.transpose(x_bskh, (0, 2, 1, 3))
 
 
-def check_attention_shapes(q_bthd, k_bshd, v_bshd):
-  if q_bthd.ndim != 4 or k_bshd.ndim != 4 or v_bshd.ndim != 4:
-    raise ValueError(f"attention expects q [B, T, H, D], k and v [B, S, K, D]; got "
-                     f"q {q_bthd.shape}, k {k_bshd.shape}, v {v_bshd.shape}.")
-  if k_bshd.shape != v_bshd.shape:
-    raise ValueError(f"k {k_bshd.shape} and v {v_bshd.shape} must have the same shape.")
-  b, _, h, d = q_bthd.shape
-  kb, _, kh, kd = k_bshd.shape
-  if kb != b or kd != d:
-    raise ValueError(f"q {q_bthd.shape} and k {k_bshd.shape} disagree on batch or head_dim.")
-  if h % kh:
-    raise ValueError(f"q has {h} heads, not a multiple of the {kh} kv heads (GQA).")
+def check_attention_shapes(q_btnh, k_bskh, v_bskh):
+  if q_btnh.ndim != 4 or k_bskh.ndim != 4 or v_bskh.ndim != 4:
+    raise ValueError(f"attention expects q [B, T, N, H], k and v [B, S, K, H]; got "
+                     f"q {q_btnh.shape}, k {k_bskh.shape}, v {v_bskh.shape}.")
+  if k_bskh.shape != v_bskh.shape:
+    raise ValueError(f"k {k_bskh.shape} and v {v_bskh.shape} must have the same shape.")
+  b, _, n, h = q_btnh.shape
+  kb, _, k, kh = k_bskh.shape
+  if kb != b or kh != h:
+    raise ValueError(f"q {q_btnh.shape} and k {k_bskh.shape} disagree on batch or head_dim.")
+  if n % k:
+    raise ValueError(f"q has {n} heads, not a multiple of the {k} kv heads (GQA).")

@@ -101,14 +101,14 @@ def make_ops(interpret: bool = False, *, platform: str | None = None,
   windowed = with_reference_vjp(window_kernel, window_reference, num_static=1)
   sparse = with_reference_vjp(sparse_kernel, sparse_reference, num_static=1)
 
-  def causal_attention(q_bthd, k_bshd, v_bshd, q_pos_bt, k_pos_bs):
-    return windowed(q_bthd, k_bshd, v_bshd, q_pos_bt, k_pos_bs, None)
+  def causal_attention(q_btnh, k_bskh, v_bskh, q_pos_bt, k_pos_bs):
+    return windowed(q_btnh, k_bskh, v_bskh, q_pos_bt, k_pos_bs, None)
 
-  def sliding_window_attention(q_bthd, k_bshd, v_bshd, q_pos_bt, k_pos_bs, *, window):
-    return windowed(q_bthd, k_bshd, v_bshd, q_pos_bt, k_pos_bs, window)
+  def sliding_window_attention(q_btnh, k_bskh, v_bskh, q_pos_bt, k_pos_bs, *, window):
+    return windowed(q_btnh, k_bskh, v_bskh, q_pos_bt, k_pos_bs, window)
 
-  def block_sparse_attention(q_bthd, k_bshd, v_bshd, blocks_bktn, q_pos_bt, *, block_size):
-    return sparse(q_bthd, k_bshd, v_bshd, blocks_bktn, q_pos_bt, block_size)
+  def block_sparse_attention(q_btnh, k_bskh, v_bskh, blocks_bktj, q_pos_bt, *, block_size):
+    return sparse(q_btnh, k_bskh, v_bskh, blocks_bktj, q_pos_bt, block_size)
 
   return AttentionOps(
       causal_attention=causal_attention,

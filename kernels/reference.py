@@ -1,7 +1,9 @@
 """Pure-jnp reference attention ops: the contract every fast kernel implements.
 
-Shapes: B batch, T queries, S keys, H query heads, K kv heads (H = K * G),
-D head dim, N key blocks, n selected blocks per query group.
+Shapes: B batch, T queries, S keys, N query heads, K kv heads (N = K * G), H head
+dim, C key blocks, J selected blocks per query group, L tokens per block. Names carry
+one lowercase letter per axis (q_btnh, k_bskh, blocks_bktj): b, t, s, n, k, g, h, c,
+j, l as above, d d_model (agentic_rl/model/attention.py); a letter means one axis.
 
 Positions, not indices, decide visibility: a key at position p_k is visible
 to a query at p_q when 0 <= p_k <= p_q (and p_q - p_k < W for a window).
@@ -22,36 +24,37 @@ import jax.numpy as jnp
 _NEG_INF = -jnp.inf
 
 
-def _group_queries(q_bthd, num_kv_heads):
-  b, t, h, d = q_bthd.shape
-  return q_bthd.reshape(b, t, num_kv_heads, h // num_kv_heads, d)
+def _group_queries(q_btnh, num_kv_heads):
+  """[B, T, N, H] -> [B, T, K, G, H]."""
+  b, t, n, h = q_btnh.shape
+  return q_btnh.reshape(b, t, num_kv_heads, n // num_kv_heads, h)
 
 
-def masked_attention(q_bthd, k_bshd, v_bshd, mask_bts):
+def masked_attention(q_btnh, k_bskh, v_bskh, mask_bts):
   """Grouped-query softmax attention with an explicit [B, T, S] mask.
 
   Softmax runs in float32. Rows with no visible key return zeros.
   """
-  b, t, h, d = q_bthd.shape
-  num_kv_heads = k_bshd.shape[2]
-  q_btkgd = _group_queries(q_bthd, num_kv_heads).astype(jnp.float32)
-  k_bskd = k_bshd.astype(jnp.float32)
-  v_bskd = v_bshd.astype(jnp.float32)
+  b, t, n, h = q_btnh.shape
+  num_kv_heads = k_bskh.shape[2]
+  q_btkgh = _group_queries(q_btnh, num_kv_heads).astype(jnp.float32)
+  k_bskh = k_bskh.astype(jnp.float32)
+  v_bskh = v_bskh.astype(jnp.float32)
   # K/V are shared by every query, so they cannot be masked per query before the
   # products: zero the non-finite ones by select, and put NaN back only where a
   # query sees one.
-  finite_bsk = (jnp.all(jnp.isfinite(k_bskd), axis=-1)
-                & jnp.all(jnp.isfinite(v_bskd), axis=-1))
-  k_bskd = jnp.where(finite_bsk[..., None], k_bskd, 0.0)
-  v_bskd = jnp.where(finite_bsk[..., None], v_bskd, 0.0)
-  scores_bkgts = jnp.einsum("btkgd,bskd->bkgts", q_btkgd, k_bskd) / jnp.sqrt(jnp.float32(d))
+  finite_bsk = (jnp.all(jnp.isfinite(k_bskh), axis=-1)
+                & jnp.all(jnp.isfinite(v_bskh), axis=-1))
+  k_bskh = jnp.where(finite_bsk[..., None], k_bskh, 0.0)
+  v_bskh = jnp.where(finite_bsk[..., None], v_bskh, 0.0)
+  scores_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh) / jnp.sqrt(jnp.float32(h))
   mask_b11ts = mask_bts[:, None, None, :, :]
   p_bkgts = safe_softmax(scores_bkgts, mask_b11ts)
-  o_btkgd = jnp.einsum("bkgts,bskd->btkgd", p_bkgts, v_bskd)
+  o_btkgh = jnp.einsum("bkgts,bskh->btkgh", p_bkgts, v_bskh)
   sees_bad_btk = jnp.einsum("bts,bsk->btk", mask_bts.astype(jnp.float32),
                             (~finite_bsk).astype(jnp.float32)) > 0
-  o_btkgd = jnp.where(sees_bad_btk[..., None, None], jnp.nan, o_btkgd)
-  return o_btkgd.reshape(b, t, h, d).astype(q_bthd.dtype)
+  o_btkgh = jnp.where(sees_bad_btk[..., None, None], jnp.nan, o_btkgh)
+  return o_btkgh.reshape(b, t, n, h).astype(q_btnh.dtype)
 
 
 def safe_softmax(scores, mask):
@@ -74,18 +77,18 @@ def visibility_mask(q_pos_bt, k_pos_bs, window=None):
   return mask
 
 
-def causal_attention(q_bthd, k_bshd, v_bshd, q_pos_bt, k_pos_bs):
+def causal_attention(q_btnh, k_bskh, v_bskh, q_pos_bt, k_pos_bs):
   """Dense causal attention (F layers)."""
-  return masked_attention(q_bthd, k_bshd, v_bshd, visibility_mask(q_pos_bt, k_pos_bs))
+  return masked_attention(q_btnh, k_bskh, v_bskh, visibility_mask(q_pos_bt, k_pos_bs))
 
 
-def sliding_window_attention(q_bthd, k_bshd, v_bshd, q_pos_bt, k_pos_bs, *, window):
+def sliding_window_attention(q_btnh, k_bskh, v_bskh, q_pos_bt, k_pos_bs, *, window):
   """Causal attention restricted to the last `window` positions (S layers)."""
-  return masked_attention(q_bthd, k_bshd, v_bshd,
+  return masked_attention(q_btnh, k_bskh, v_bskh,
                           visibility_mask(q_pos_bt, k_pos_bs, window=window))
 
 
-def local_window_attention(q_bthd, k_bthd, v_bthd, pos_bt, *, window):
+def local_window_attention(q_btnh, k_btkh, v_btkh, pos_bt, *, window):
   """Uncached sliding-window self-attention in O(T * W) instead of O(T^2).
 
   Same result as `sliding_window_attention(q, k, v, pos, pos, window=window)`
@@ -93,12 +96,13 @@ def local_window_attention(q_bthd, k_bthd, v_bthd, pos_bt, *, window):
   start and whatever their gaps or order. Tokens are laid out in chunks of
   `window` by their rank among the row's positions: distinct positions less
   than W apart are less than W ranks apart, so a query's window lies in its
-  own chunk and the one before.
+  own chunk and the one before. Chunks are blocks of `chunk` slots here: c the chunk,
+  l the slot within it.
   """
-  b, t, h, d = q_bthd.shape
-  c = max(1, min(window, t))
-  n = -(-t // c)
-  s = n * c
+  b, t, n, h = q_btnh.shape
+  chunk = max(1, min(window, t))
+  num_chunks = -(-t // chunk)
+  s = num_chunks * chunk
   rows = jnp.arange(b)[:, None]
   valid_bt = pos_bt >= 0
   # Not the position itself: a row starting past 0 would run off the T slots.
@@ -111,126 +115,134 @@ def local_window_attention(q_bthd, k_bthd, v_bthd, pos_bt, *, window):
     buf = jnp.zeros((b, s) + x_bt_.shape[2:], x_bt_.dtype)
     return buf.at[rows, slot_bt].set(x_bt_, mode="drop")
 
-  q_bs, k_bs, v_bs = by_position(q_bthd), by_position(k_bthd), by_position(v_bthd)
+  q_bsnh, k_bskh, v_bskh = by_position(q_btnh), by_position(k_btkh), by_position(v_btkh)
   pos_bs = jnp.full((b, s), -1, jnp.int32).at[rows, slot_bt].set(pos_bt, mode="drop")
 
   def with_previous_chunk(x_bs_, fill):
-    x_bnc_ = x_bs_.reshape((b, n, c) + x_bs_.shape[2:])
-    pad = ((0, 0), (1, 0)) + ((0, 0),) * (x_bnc_.ndim - 2)
-    prev = jnp.pad(x_bnc_, pad, constant_values=fill)[:, :-1]
-    return jnp.concatenate([prev, x_bnc_], axis=2).reshape((b * n, 2 * c) + x_bs_.shape[2:])
+    x_bcl_ = x_bs_.reshape((b, num_chunks, chunk) + x_bs_.shape[2:])
+    pad = ((0, 0), (1, 0)) + ((0, 0),) * (x_bcl_.ndim - 2)
+    prev = jnp.pad(x_bcl_, pad, constant_values=fill)[:, :-1]
+    return jnp.concatenate([prev, x_bcl_], axis=2).reshape(
+        (b * num_chunks, 2 * chunk) + x_bs_.shape[2:])
 
-  mask = visibility_mask(pos_bs.reshape(b * n, c), with_previous_chunk(pos_bs, -1),
-                         window=window)
-  o_bs = masked_attention(q_bs.reshape((b * n, c) + q_bs.shape[2:]),
-                          with_previous_chunk(k_bs, 0), with_previous_chunk(v_bs, 0),
-                          mask).reshape(b, s, h, d)
-  o_bthd = o_bs[rows, jnp.minimum(slot_bt, s - 1)]
-  return jnp.where(valid_bt[..., None, None], o_bthd, 0).astype(q_bthd.dtype)
+  mask = visibility_mask(pos_bs.reshape(b * num_chunks, chunk),
+                         with_previous_chunk(pos_bs, -1), window=window)
+  o_bsnh = masked_attention(q_bsnh.reshape((b * num_chunks, chunk) + q_bsnh.shape[2:]),
+                            with_previous_chunk(k_bskh, 0), with_previous_chunk(v_bskh, 0),
+                            mask).reshape(b, s, n, h)
+  o_btnh = o_bsnh[rows, jnp.minimum(slot_bt, s - 1)]
+  return jnp.where(valid_bt[..., None, None], o_btnh, 0).astype(q_btnh.dtype)
 
 
-def block_means(k_bshd, lengths_b, *, block_size):
-  """Mean key of every block of a position-indexed key buffer -> [B, N, K, D].
+def block_means(k_bskh, lengths_b, *, block_size):
+  """Mean key of every block of a position-indexed key buffer -> [B, C, K, H].
 
   Only positions below the sequence's length count; an empty block's mean is 0.
   This is the indexer's block summary (mean pooling).
   """
-  b, s, k, d = k_bshd.shape
-  n = s // block_size
+  b, s, k, h = k_bskh.shape
+  num_blocks = s // block_size
   valid_bs = jnp.arange(s)[None, :] < lengths_b[:, None]
-  return _masked_block_mean(k_bshd.reshape(b, n, block_size, k, d),
-                            valid_bs.reshape(b, n, block_size))
+  return _masked_block_mean(k_bskh.reshape(b, num_blocks, block_size, k, h),
+                            valid_bs.reshape(b, num_blocks, block_size))
 
 
-def _masked_block_mean(k_bnlkd, valid_bnl):
-  valid = valid_bnl[..., None, None]
+def _masked_block_mean(k_bclkh, valid_bcl):
+  """Mean over l of the valid keys: [B, C, L, K, H] -> [B, C, K, H] (any two leading axes)."""
+  valid = valid_bcl[..., None, None]
   # Select, not a 0/1 weight: a NaN in a slot past the length must not reach the mean.
-  total = jnp.sum(jnp.where(valid, k_bnlkd.astype(jnp.float32), 0.0), axis=2)
+  total = jnp.sum(jnp.where(valid, k_bclkh.astype(jnp.float32), 0.0), axis=2)
   count = jnp.sum(valid.astype(jnp.float32), axis=2)
   return total / jnp.maximum(count, 1.0)
 
 
-def block_scores(q_bthd, block_keys_bnkd, q_pos_bt, *, block_size):
-  """Indexer scores [B, K, T, N] of every key block for every query group.
+def block_scores(q_btnh, block_keys_bckh, q_pos_bt, *, block_size):
+  """Indexer scores [B, K, T, C] of every key block for every query group.
 
   Scoring rule: the group's mean query dotted with the block's mean key,
-  scaled by 1/sqrt(D). Past blocks keep their score, the query's own block
+  scaled by 1/sqrt(H). Past blocks keep their score, the query's own block
   scores +inf, future blocks -inf (never selected). `select_blocks` does not
   rely on the +inf: it puts the own block first by construction.
   """
-  num_kv_heads = block_keys_bnkd.shape[2]
-  d = q_bthd.shape[-1]
-  q_btkd = jnp.mean(_group_queries(q_bthd, num_kv_heads).astype(jnp.float32), axis=3)
-  scores = jnp.einsum("btkd,bnkd->bktn", q_btkd,
-                      block_keys_bnkd.astype(jnp.float32)) / jnp.sqrt(jnp.float32(d))
+  num_kv_heads = block_keys_bckh.shape[2]
+  h = q_btnh.shape[-1]
+  # The mean over the group's G query heads: one query per kv head.
+  q_mean_btkh = jnp.mean(_group_queries(q_btnh, num_kv_heads).astype(jnp.float32), axis=3)
+  block_keys_bckh = block_keys_bckh.astype(jnp.float32)
+  scores_bktc = jnp.einsum("btkh,bckh->bktc", q_mean_btkh,
+                           block_keys_bckh) / jnp.sqrt(jnp.float32(h))
   own_bt = jnp.where(q_pos_bt >= 0, q_pos_bt // block_size, -1)
-  blk = jnp.arange(block_keys_bnkd.shape[1])
-  own = own_bt[:, None, :, None]
-  scores = jnp.where(blk < own, scores, _NEG_INF)
-  return jnp.where(blk == own, jnp.inf, scores)
+  blk_c = jnp.arange(block_keys_bckh.shape[1])
+  own_b1t1 = own_bt[:, None, :, None]
+  scores_bktc = jnp.where(blk_c < own_b1t1, scores_bktc, _NEG_INF)
+  return jnp.where(blk_c == own_b1t1, jnp.inf, scores_bktc)
 
 
-def select_blocks(q_bthd, block_keys_bnkd, q_pos_bt, *, block_size, num_selected):
-  """Top-n block indices [B, K, T, n] per query group; -1 marks an unused slot.
+def select_blocks(q_btnh, block_keys_bckh, q_pos_bt, *, block_size, num_selected):
+  """Top-J block indices [B, K, T, J] per query group (J = num_selected); -1 marks an
+  unused slot.
 
-  Slot 0 holds the query's own block; the other n - 1 slots hold its
+  Slot 0 holds the query's own block; the other J - 1 slots hold its
   highest-scoring past blocks (a NaN score ranks lowest; ties go to the lower
-  index). A slot is unused when the query has fewer than n visible blocks,
+  index). A slot is unused when the query has fewer than J visible blocks,
   and every slot when the query is padding or its own block lies past the
   key buffer. Selection stays in XLA (lax.top_k): no Pallas backend lowers top-k.
   """
-  num_blocks = block_keys_bnkd.shape[1]
+  num_blocks = block_keys_bckh.shape[1]
   own_bt = jnp.where(q_pos_bt >= 0, q_pos_bt // block_size, -1)
   own_bt = jnp.where(own_bt < num_blocks, own_bt, -1).astype(jnp.int32)
   # The own block by construction, not by its +inf score: top_k ranks NaN above
   # +inf, and a past +inf (an overflow) ties with it and wins on the lower index.
   own_bkt1 = jnp.broadcast_to(own_bt[:, None, :, None],
-                              (q_pos_bt.shape[0], block_keys_bnkd.shape[2],
+                              (q_pos_bt.shape[0], block_keys_bckh.shape[2],
                                q_pos_bt.shape[1], 1))
-  n = min(num_selected, num_blocks)
+  num_top = min(num_selected, num_blocks)
   parts = [own_bkt1]
-  if n > 1:
-    scores_bktn = block_scores(q_bthd, block_keys_bnkd, q_pos_bt, block_size=block_size)
-    blk = jnp.arange(num_blocks)
-    past_bktn = jnp.where((blk < own_bkt1) & ~jnp.isnan(scores_bktn), scores_bktn, _NEG_INF)
-    _, idx = jax.lax.top_k(past_bktn, n - 1)  # Ties (-inf too) go to the lower index.
-    parts.append(jnp.where(idx < own_bkt1, idx, -1).astype(jnp.int32))
-  if n < num_selected:
-    parts.append(jnp.full(own_bkt1.shape[:-1] + (num_selected - n,), -1, jnp.int32))
+  if num_top > 1:
+    scores_bktc = block_scores(q_btnh, block_keys_bckh, q_pos_bt, block_size=block_size)
+    blk_c = jnp.arange(num_blocks)
+    past_bktc = jnp.where((blk_c < own_bkt1) & ~jnp.isnan(scores_bktc), scores_bktc,
+                          _NEG_INF)
+    _, idx_bktj = jax.lax.top_k(past_bktc, num_top - 1)  # Ties (-inf too): lower index.
+    parts.append(jnp.where(idx_bktj < own_bkt1, idx_bktj, -1).astype(jnp.int32))
+  if num_top < num_selected:
+    parts.append(jnp.full(own_bkt1.shape[:-1] + (num_selected - num_top,), -1, jnp.int32))
   return jnp.concatenate(parts, axis=-1)
 
 
-def block_sparse_attention(q_bthd, k_bshd, v_bshd, blocks_bktn, q_pos_bt, *, block_size):
+def block_sparse_attention(q_btnh, k_bskh, v_bskh, blocks_bktj, q_pos_bt, *, block_size):
   """Attention of each query group over the tokens of its selected blocks only.
 
-  k_bshd / v_bshd are position-indexed buffers (key at index s has position s).
+  k_bskh / v_bskh are position-indexed buffers (key at index s has position s).
   Causality inside a block is kept by position; block index -1 is skipped.
+  Below, m indexes the J * L tokens of a query group's selected blocks.
   """
-  b, t, h, d = q_bthd.shape
-  num_kv_heads = k_bshd.shape[2]
-  n = blocks_bktn.shape[-1]
-  offs = jnp.arange(block_size)
-  tok_bktl = (jnp.maximum(blocks_bktn, 0)[..., None] * block_size + offs).reshape(
-      b, num_kv_heads, t, n * block_size)
-  valid_bktl = jnp.repeat(blocks_bktn >= 0, block_size, axis=-1)
-  valid_bktl &= tok_bktl <= q_pos_bt[:, None, :, None]
-  k_bksd = jnp.swapaxes(k_bshd, 1, 2).astype(jnp.float32)
-  v_bksd = jnp.swapaxes(v_bshd, 1, 2).astype(jnp.float32)
-  gather = jax.vmap(jax.vmap(lambda kv_sd, idx_tl: kv_sd[idx_tl]))  # over B, K
+  b, t, n, h = q_btnh.shape
+  num_kv_heads = k_bskh.shape[2]
+  num_slots = blocks_bktj.shape[-1]
+  offs_l = jnp.arange(block_size)
+  tok_bktm = (jnp.maximum(blocks_bktj, 0)[..., None] * block_size + offs_l).reshape(
+      b, num_kv_heads, t, num_slots * block_size)
+  valid_bktm = jnp.repeat(blocks_bktj >= 0, block_size, axis=-1)
+  valid_bktm &= tok_bktm <= q_pos_bt[:, None, :, None]
+  k_bksh = jnp.swapaxes(k_bskh, 1, 2).astype(jnp.float32)
+  v_bksh = jnp.swapaxes(v_bskh, 1, 2).astype(jnp.float32)
+  gather = jax.vmap(jax.vmap(lambda kv_sh, idx_tm: kv_sh[idx_tm]))  # over B, K
   # Gathered per query, so masked slots (future or stale tokens) are dropped by select.
-  k_bktld = jnp.where(valid_bktl[..., None], gather(k_bksd, tok_bktl), 0.0)
-  v_bktld = jnp.where(valid_bktl[..., None], gather(v_bksd, tok_bktl), 0.0)
-  q_bkgtd = jnp.transpose(_group_queries(q_bthd, num_kv_heads), (0, 2, 3, 1, 4)).astype(
+  k_bktmh = jnp.where(valid_bktm[..., None], gather(k_bksh, tok_bktm), 0.0)
+  v_bktmh = jnp.where(valid_bktm[..., None], gather(v_bksh, tok_bktm), 0.0)
+  q_bkgth = jnp.transpose(_group_queries(q_btnh, num_kv_heads), (0, 2, 3, 1, 4)).astype(
       jnp.float32)
-  scores = jnp.einsum("bkgtd,bktld->bkgtl", q_bkgtd, k_bktld) / jnp.sqrt(jnp.float32(d))
-  p = safe_softmax(scores, valid_bktl[:, :, None])
-  o_bkgtd = jnp.einsum("bkgtl,bktld->bkgtd", p, v_bktld)
-  return jnp.transpose(o_bkgtd, (0, 3, 1, 2, 4)).reshape(b, t, h, d).astype(q_bthd.dtype)
+  scores_bkgtm = jnp.einsum("bkgth,bktmh->bkgtm", q_bkgth, k_bktmh) / jnp.sqrt(
+      jnp.float32(h))
+  p_bkgtm = safe_softmax(scores_bkgtm, valid_bktm[:, :, None])
+  o_bkgth = jnp.einsum("bkgtm,bktmh->bkgth", p_bkgtm, v_bktmh)
+  return jnp.transpose(o_bkgth, (0, 3, 1, 2, 4)).reshape(b, t, n, h).astype(q_btnh.dtype)
 
 
-def blocks_to_token_mask(blocks_bktn, q_pos_bt, num_keys, *, block_size):
+def blocks_to_token_mask(blocks_bktj, q_pos_bt, num_keys, *, block_size):
   """The [B, K, T, S] token mask that a block selection implies (for tests/metrics)."""
   blk_s = jnp.arange(num_keys) // block_size
-  hit = (blocks_bktn[..., None] == blk_s) & (blocks_bktn[..., None] >= 0)
-  mask = jnp.any(hit, axis=-2)
-  return mask & (jnp.arange(num_keys) <= q_pos_bt[:, None, :, None])
+  hit_bktjs = (blocks_bktj[..., None] == blk_s) & (blocks_bktj[..., None] >= 0)
+  mask_bkts = jnp.any(hit_bktjs, axis=-2)
+  return mask_bkts & (jnp.arange(num_keys) <= q_pos_bt[:, None, :, None])

@@ -36,9 +36,9 @@ def test_config_parses_and_shapes(name):
   assert shapes["embed"]["embedding"].shape == (spec.vocab_size, spec.d_model)
   for i, layer_type in enumerate(spec.layer_types):
     layer = shapes[f"layer_{i}"]
-    assert layer["attn"]["w_q_dhk"].shape == (spec.d_model, spec.num_heads, spec.head_dim)
-    assert layer["attn"]["w_k_dhk"].shape == (spec.d_model, spec.num_kv_heads, spec.head_dim)
-    assert ("w_gate_dh" in layer["attn"]) == (layer_type == "S")
+    assert layer["attn"]["w_q_dnh"].shape == (spec.d_model, spec.num_heads, spec.head_dim)
+    assert layer["attn"]["w_k_dkh"].shape == (spec.d_model, spec.num_kv_heads, spec.head_dim)
+    assert ("w_gate_dn" in layer["attn"]) == (layer_type == "S")
     if spec.is_moe_layer(i):
       assert layer["moe"]["w_gate_edf"].shape == (spec.num_experts, spec.d_model,
                                                   spec.d_ff_expert)

@@ -1,14 +1,15 @@
 """KV caches as plain pytrees, passed into `Model.forward` and returned by it.
 
-Layout (B sequences, K kv heads, D head dim, W window, S capacity, N = S / block):
+Layout (B sequences, K kv heads, H head dim, W window, S capacity, C = S / block_size
+blocks; the axis letters of attention.py):
 
     cache = {
       "lengths": int32 [B],                 # tokens written per sequence
       "layers": (one dict per layer,)
     }
-    S layer: {"k": [B, W, K, D], "v": [B, W, K, D], "pos": int32 [B, W]}  # ring buffer
-    G layer: {"k": [B, S, K, D], "v": [B, S, K, D], "block_keys": [B, N, K, D]}
-    F layer: {"k": [B, S, K, D], "v": [B, S, K, D]}
+    S layer: {"k": [B, W, K, H], "v": [B, W, K, H], "pos": int32 [B, W]}  # ring buffer
+    G layer: {"k": [B, S, K, H], "v": [B, S, K, H], "block_keys": [B, C, K, H]}
+    F layer: {"k": [B, S, K, H], "v": [B, S, K, H]}
 
 Full caches are indexed by position. The ring stores the position held in
 each slot (-1 when empty), so visibility is decided by positions alone.
@@ -78,16 +79,16 @@ def _drop_invalid(index_bt, valid_bt, size):
   return jnp.where(valid_bt, index_bt, size)
 
 
-def write_full(buf_bskd, new_btkd, positions_bt):
+def write_full(buf_bskh, new_btkh, positions_bt):
   """Scatters new keys or values into a position-indexed buffer."""
-  b = buf_bskd.shape[0]
-  size = buf_bskd.shape[1]
+  b = buf_bskh.shape[0]
+  size = buf_bskh.shape[1]
   idx = _drop_invalid(positions_bt, (positions_bt >= 0) & (positions_bt < size), size)
   rows = jnp.arange(b)[:, None]
-  return buf_bskd.at[rows, idx].set(new_btkd.astype(buf_bskd.dtype), mode="drop")
+  return buf_bskh.at[rows, idx].set(new_btkh.astype(buf_bskh.dtype), mode="drop")
 
 
-def write_ring(layer: dict, k_btkd, v_btkd, positions_bt) -> dict:
+def write_ring(layer: dict, k_btkh, v_btkh, positions_bt) -> dict:
   """Writes a chunk into a ring buffer; only the chunk's last W tokens land."""
   b, w = layer["pos"].shape
   last_b = jnp.max(positions_bt, axis=1, keepdims=True)
@@ -95,13 +96,13 @@ def write_ring(layer: dict, k_btkd, v_btkd, positions_bt) -> dict:
   idx = _drop_invalid(positions_bt % w, valid, w)
   rows = jnp.arange(b)[:, None]
   return {
-      "k": layer["k"].at[rows, idx].set(k_btkd.astype(layer["k"].dtype), mode="drop"),
-      "v": layer["v"].at[rows, idx].set(v_btkd.astype(layer["v"].dtype), mode="drop"),
+      "k": layer["k"].at[rows, idx].set(k_btkh.astype(layer["k"].dtype), mode="drop"),
+      "v": layer["v"].at[rows, idx].set(v_btkh.astype(layer["v"].dtype), mode="drop"),
       "pos": layer["pos"].at[rows, idx].set(positions_bt, mode="drop"),
   }
 
 
-def update_block_keys(block_keys_bnkd, k_bskd, positions_bt, lengths_b, *, block_size):
+def update_block_keys(block_keys_bckh, k_bskh, positions_bt, lengths_b, *, block_size):
   """Recomputes the mean key of every block the chunk's tokens touched.
 
   Uses the same masked mean as `reference.block_means`, so a cache built
@@ -112,12 +113,12 @@ def update_block_keys(block_keys_bnkd, k_bskd, positions_bt, lengths_b, *, block
   blk_bt = jnp.where(valid_bt, positions_bt // block_size, 0)
   tok_btl = blk_bt[..., None] * block_size + jnp.arange(block_size)
   rows = jnp.arange(b)[:, None, None]
-  k_btlkd = k_bskd[rows, tok_btl]
-  mean_btkd = reference._masked_block_mean(k_btlkd, tok_btl < lengths_b[:, None, None])
-  n = block_keys_bnkd.shape[1]
-  idx = _drop_invalid(blk_bt, valid_bt, n)
-  return block_keys_bnkd.at[jnp.arange(b)[:, None], idx].set(
-      mean_btkd.astype(block_keys_bnkd.dtype), mode="drop")
+  k_btlkh = k_bskh[rows, tok_btl]
+  mean_btkh = reference._masked_block_mean(k_btlkh, tok_btl < lengths_b[:, None, None])
+  num_blocks = block_keys_bckh.shape[1]
+  idx = _drop_invalid(blk_bt, valid_bt, num_blocks)
+  return block_keys_bckh.at[jnp.arange(b)[:, None], idx].set(
+      mean_btkh.astype(block_keys_bckh.dtype), mode="drop")
 
 
 def reset_sequences(cache: dict, reset_b) -> dict:

@@ -8,13 +8,17 @@ Routing (router in float32, at HIGHEST matmul precision so TPUs do not drop to b
 The routing bias only moves the selection, never the gate values, so it gets no gradient;
 the learner updates it outside the gradient with `update_routing_bias`.
 
-Routing replay (R3, "Keep Routing"): `forced_experts_btk` (recorded by the sampler in
+Routing replay (R3, "Keep Routing"): `forced_experts_btp` (recorded by the sampler in
 aux['experts']) replaces the top-k, while the gates still come from the current router,
 so the router keeps learning and the learner's forward takes the sampler's expert paths.
 
-Dispatch is dropless: the N*k token-expert assignments are sorted by expert (stable),
+Dispatch is dropless: the B*T*P token-expert assignments are sorted by expert (stable),
 and each expert's SwiGLU runs on its contiguous rows via `jax.lax.ragged_dot`. No
 capacity, no dropped token; an expert with zero rows is just an empty group.
+
+Axis letters (those of attention.py where they meet): b batch, t time, d d_model,
+e experts, f expert hidden, p the P = num_experts_per_token experts a token uses (its
+top-k), a one token-expert assignment (B*T*P of them, token-major).
 """
 
 from __future__ import annotations
@@ -75,20 +79,20 @@ class MoEFeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x_btd: jax.Array, valid_bt: jax.Array,
-               forced_experts_btk: jax.Array | None = None) -> tuple[jax.Array, dict]:
+               forced_experts_btp: jax.Array | None = None) -> tuple[jax.Array, dict]:
     """Returns (y_btd, aux).
 
     valid_bt: bool [B, T], False on padding; padding is excluded from the load
       statistics and the aux loss (its output is finite but meaningless).
-    forced_experts_btk: int [B, T, k] experts to use instead of the top-k (replay);
+    forced_experts_btp: int [B, T, P] experts to use instead of the top-P (replay);
       on valid tokens values must lie in [0, num_experts) (an out-of-range id gives
       NaN gates); padding rows may hold anything.
-    aux: 'experts' int32 [B,T,k] (used experts), 'gates' float32 [B,T,k],
+    aux: 'experts' int32 [B,T,P] (used experts), 'gates' float32 [B,T,P],
       'expert_load' float32 [E] (fraction of valid assignments per expert),
       'aux_loss' float32 [] (coef * E * sum_e f_e * P_e over valid tokens).
     """
     s = self.spec
-    num_experts, k, d_ff = s.num_experts, s.num_experts_per_token, s.d_ff_expert
+    num_experts, p, d_ff = s.num_experts, s.num_experts_per_token, s.d_ff_expert
     if num_experts <= 0:
       raise ValueError(f"MoEFeedForward needs spec.num_experts > 0, got {num_experts}.")
     if x_btd.ndim != 3 or x_btd.shape[-1] != s.d_model:
@@ -98,14 +102,14 @@ class MoEFeedForward(nn.Module):
     if valid_bt.shape != (b, t):
       raise ValueError(f"MoEFeedForward: valid_bt has shape {valid_bt.shape}; expected "
                        f"{(b, t)} to match x_btd.")
-    if forced_experts_btk is not None:
-      if forced_experts_btk.shape != (b, t, k):
-        raise ValueError(f"MoEFeedForward: forced_experts_btk has shape "
-                         f"{forced_experts_btk.shape}; expected {(b, t, k)} "
-                         f"(k = num_experts_per_token).")
-      if not jnp.issubdtype(forced_experts_btk.dtype, jnp.integer):
-        raise ValueError(f"MoEFeedForward: forced_experts_btk has dtype "
-                         f"{forced_experts_btk.dtype}; expected an integer dtype.")
+    if forced_experts_btp is not None:
+      if forced_experts_btp.shape != (b, t, p):
+        raise ValueError(f"MoEFeedForward: forced_experts_btp has shape "
+                         f"{forced_experts_btp.shape}; expected {(b, t, p)} "
+                         f"(P = num_experts_per_token).")
+      if not jnp.issubdtype(forced_experts_btp.dtype, jnp.integer):
+        raise ValueError(f"MoEFeedForward: forced_experts_btp has dtype "
+                         f"{forced_experts_btp.dtype}; expected an integer dtype.")
     dtype, param_dtype = jnp.dtype(s.dtype), jnp.dtype(s.param_dtype)
 
     # --- Router (float32). ---
@@ -120,44 +124,43 @@ class MoEFeedForward(nn.Module):
       # replay too, so both paths share one param tree.
       bias_e = self.param("routing_bias_e", nn.initializers.zeros, (num_experts,),
                           jnp.float32)
-    if forced_experts_btk is not None:
+    if forced_experts_btp is not None:
       # Padding rows of a replayed batch carry no recorded routing: give them valid
       # distinct ids so they stay finite (their output is masked anyway).
-      experts_btk = jnp.where(valid_bt[..., None], forced_experts_btk.astype(jnp.int32),
-                              jnp.arange(k, dtype=jnp.int32))
+      experts_btp = jnp.where(valid_bt[..., None], forced_experts_btp.astype(jnp.int32),
+                              jnp.arange(p, dtype=jnp.int32))
     else:
       selection_bte = scores_bte
       if bias_e is not None:
         selection_bte = scores_bte + jax.lax.stop_gradient(bias_e)
-      _, experts_btk = jax.lax.top_k(jax.lax.stop_gradient(selection_bte), k)
-      experts_btk = experts_btk.astype(jnp.int32)
-    gates_btk = jnp.take_along_axis(scores_bte, experts_btk, axis=-1, mode="clip")
+      _, experts_btp = jax.lax.top_k(jax.lax.stop_gradient(selection_bte), p)
+      experts_btp = experts_btp.astype(jnp.int32)
+    gates_btp = jnp.take_along_axis(scores_bte, experts_btp, axis=-1, mode="clip")
     # A forced id outside [0, E) would silently wrap or clip: make it NaN instead.
-    in_range_btk = (experts_btk >= 0) & (experts_btk < num_experts)
-    gates_btk = jnp.where(in_range_btk, gates_btk, jnp.nan)
+    in_range_btp = (experts_btp >= 0) & (experts_btp < num_experts)
+    gates_btp = jnp.where(in_range_btp, gates_btp, jnp.nan)
     if s.renormalize:
-      gates_btk = gates_btk / jnp.maximum(gates_btk.sum(-1, keepdims=True),
+      gates_btp = gates_btp / jnp.maximum(gates_btp.sum(-1, keepdims=True),
                                           jnp.finfo(jnp.float32).tiny)
 
     # --- Dropless dispatch: sort assignments by expert, ragged_dot, unsort. ---
-    n = b * t
-    x_nd = x_btd.reshape(n, d).astype(dtype)
-    experts_a = experts_btk.reshape(n * k)
+    experts_a = experts_btp.reshape(b * t * p)
     # Stable: within an expert, rows keep token order on every backend (deterministic).
     order_a = jnp.argsort(experts_a, stable=True)
     group_sizes_e = jnp.bincount(experts_a, length=num_experts).astype(jnp.int32)
     w_gate_edf = self.param("w_gate_edf", expert_init, (num_experts, d, d_ff), param_dtype)
     w_up_edf = self.param("w_up_edf", expert_init, (num_experts, d, d_ff), param_dtype)
     w_down_efd = self.param("w_down_efd", expert_init, (num_experts, d_ff, d), param_dtype)
-    y_sorted_ad = _routed_swiglu(x_nd[order_a // k], w_gate_edf.astype(dtype),
+    # Assignment a belongs to token a // P (tokens flattened over B, T).
+    x_sorted_ad = x_btd.reshape(b * t, d).astype(dtype)[order_a // p]
+    y_sorted_ad = _routed_swiglu(x_sorted_ad, w_gate_edf.astype(dtype),
                                  w_up_edf.astype(dtype), w_down_efd.astype(dtype),
                                  group_sizes_e)
     inverse_a = jnp.argsort(order_a)  # sorted position of each assignment
-    y_nkd = y_sorted_ad[inverse_a].reshape(n, k, d)
-    # Combine the k expert outputs in float32, then return to the compute dtype.
-    y_nd = jnp.einsum("nkd,nk->nd", y_nkd.astype(jnp.float32), gates_btk.reshape(n, k),
-                      precision=jax.lax.Precision.HIGHEST)
-    y_btd = y_nd.reshape(b, t, d).astype(dtype)
+    y_btpd = y_sorted_ad[inverse_a].reshape(b, t, p, d)
+    # Combine the P expert outputs in float32, then return to the compute dtype.
+    y_btd = jnp.einsum("btpd,btp->btd", y_btpd.astype(jnp.float32), gates_btp,
+                       precision=jax.lax.Precision.HIGHEST).astype(dtype)
 
     if s.num_shared_experts > 0:
       shared = DenseFeedForward(d_ff=s.num_shared_experts * d_ff, dtype=dtype,
@@ -165,24 +168,25 @@ class MoEFeedForward(nn.Module):
       y_btd = y_btd + shared(x_btd)
 
     # --- Load statistics and the Switch load-balancing loss, valid tokens only. ---
-    valid_n = valid_bt.reshape(n).astype(jnp.float32)
-    num_valid = valid_n.sum()
-    assign_counts_e = jnp.bincount(experts_a, weights=jnp.repeat(valid_n, k),
-                                   length=num_experts)
-    expert_load_e = assign_counts_e / jnp.maximum(num_valid * k, 1.0)
+    valid_bt = valid_bt.astype(jnp.float32)
+    num_valid = valid_bt.sum()
+    valid_a = jnp.repeat(valid_bt.reshape(b * t), p)  # token-major, like experts_a
+    assign_counts_e = jnp.bincount(experts_a, weights=valid_a, length=num_experts)
+    expert_load_e = assign_counts_e / jnp.maximum(num_valid * p, 1.0)
     if s.aux_loss_coef != 0.0:
-      probs_ne = scores_bte.reshape(n, num_experts)
+      probs_bte = scores_bte
       if s.gate == "sigmoid":
-        probs_ne = probs_ne / probs_ne.sum(-1, keepdims=True)
-      mean_prob_e = (probs_ne * valid_n[:, None]).sum(0) / jnp.maximum(num_valid, 1.0)
+        probs_bte = probs_bte / probs_bte.sum(-1, keepdims=True)
+      mean_prob_e = (probs_bte * valid_bt[..., None]).sum((0, 1)) / jnp.maximum(num_valid,
+                                                                                  1.0)
       aux_loss = s.aux_loss_coef * num_experts * jnp.sum(
           jax.lax.stop_gradient(expert_load_e) * mean_prob_e)
     else:
       aux_loss = jnp.zeros((), jnp.float32)
 
     aux = {
-        "experts": experts_btk,
-        "gates": gates_btk.astype(jnp.float32),
+        "experts": experts_btp,
+        "gates": gates_btp.astype(jnp.float32),
         "expert_load": expert_load_e.astype(jnp.float32),
         "aux_loss": aux_loss.astype(jnp.float32),
     }

@@ -17,8 +17,9 @@ raises a ValueError naming the bad entry. Under jit the arrays are tracers:
 callers check on the host before dispatch (rollout/device_steps.py), and the
 forward marks the logits of a bad id or position NaN rather than answer.
 
-`aux["layers"][i]` holds what layer i chose: "experts" [B, T, k] for MoE
-layers and "blocks" [B, K, T, n] for sparse layers. Passed back as `replay`
+`aux["layers"][i]` holds what layer i chose: "experts" [B, T, P] for MoE
+layers (P = num_experts_per_token) and "blocks" [B, K, T, J] for sparse layers
+(K kv heads, J = num_selected_blocks). Passed back as `replay`
 (the same tuple, any subset of entries), they force the same routing and
 block selection.
 """
@@ -257,7 +258,7 @@ def replay_from_aux(aux: dict, *, experts: bool = True, blocks: bool = True) -> 
   return tuple({k: layer[k] for k in keys if k in layer} for layer in aux["layers"])
 
 
-# Time axis of each replay entry: experts [B, T, k], blocks [B, K, T, n].
+# Time axis of each replay entry: experts [B, T, P], blocks [B, K, T, J].
 REPLAY_TIME_AXIS = {"experts": 1, "blocks": 2}
 
 

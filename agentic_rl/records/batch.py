@@ -26,8 +26,8 @@ Fields:
   temperature_b      float32 [B]    the sampling temperature; the learner divides
                                     its logits by it so both score the same distribution.
   replay             optional tuple, one dict per layer, as the model's aux["layers"]:
-                                    MoE layers 'experts' int32 [B, T, k], sparse layers
-                                    'blocks' int32 [B, K, T, n] (-1 = unused slot). The
+                                    MoE layers 'experts' int32 [B, T, P], sparse layers
+                                    'blocks' int32 [B, K, T, J] (-1 = unused slot). The
                                     routing/blocks the sampler used at each input position.
   sampling_mask_btw  optional uint8 [B, T, W] packed top-k/top-p support (sampling_mask.py).
   old_logp_bt        optional float32 [B, T] the learner's log-probs before this round

@@ -175,7 +175,7 @@ class TrajectoryBuilder:
   def add_replay(self, replay_layers, rows: int | slice, num_tokens: int) -> None:
     """Records `num_tokens` positions of one call's replay (numpy, row `rows`).
 
-    replay_layers: per layer {'experts': [B, T, k], 'blocks': [B, K, T, n]}.
+    replay_layers: per layer {'experts': [B, T, P], 'blocks': [B, K, T, J]}.
     """
     for chunks, layer in zip(self.replay_chunks, replay_layers):
       for key in chunks:

@@ -2,12 +2,15 @@
 
 A run's orbax checkpoint carries optimiser state, the data iterator and the step; a base
 model needs only its weights. Names are the params tree's key paths joined by "/"
-(`decoder/layer_0/attn/wq`), so the file reads in any safetensors tool. Loading checks
+(`layer_0/attn/w_q_dnh`), so the file reads in any safetensors tool. Loading checks
 every name, shape and dtype against the model the config builds and says what differs.
+Files written before the attention params took one letter per axis hold the old names
+(`LEGACY_PARAM_NAMES`); loading reads them under the new ones.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -19,12 +22,60 @@ from safetensors.numpy import load_file, save_file
 
 PARAMS_FILE = "params.safetensors"
 
+# Old attention param name -> new, applied on load to the last component of a file's names.
+# The attention params were renamed so that each suffix letter means one axis (issue 29:
+# d d_model, n query heads, k kv heads, h head_dim); files saved before, among them the
+# shipped base configs/assets/base_tiny_bpe/params.safetensors, hold the old names and are
+# not rewritten. Only names in this table are mapped: any other name the model lacks is
+# still reported as unexpected, under the name the file gives it. Saving writes new names.
+LEGACY_PARAM_NAMES = {"w_q_dhk": "w_q_dnh", "w_k_dhk": "w_k_dkh", "w_v_dhk": "w_v_dkh",
+                      "w_o_hkd": "w_o_nhd", "w_gate_dh": "w_gate_dn", "b_gate_h": "b_gate_n"}
+
 
 def _name(path) -> str:
   parts = []
   for key in path:
     parts.append(str(getattr(key, "key", getattr(key, "idx", key))))
   return "/".join(parts)
+
+
+def current_name(name: str) -> str:
+  """`name` with an old attention param name (LEGACY_PARAM_NAMES) as its last component
+  replaced by the new one; any other name unchanged."""
+  head, sep, last = name.rpartition("/")
+  return head + sep + LEGACY_PARAM_NAMES.get(last, last)
+
+
+def _with_current_names(arrays: dict, where: str) -> tuple[dict, dict]:
+  """(arrays under current names, current name -> the file's name where they differ)."""
+  renamed, file_names = {}, {}
+  for name, array in arrays.items():
+    new = current_name(name)
+    if new in renamed:
+      both = sorted([file_names.get(new, new), name])
+      raise ValueError(f"{where} holds both {both[0]!r} and {both[1]!r}: one param under "
+                       f"its old and its new name.")
+    renamed[new] = array
+    if new != name:
+      file_names[new] = name
+  return renamed, file_names
+
+
+def rename_keys(tree, mapping: dict[str, str]):
+  """`tree` with every dict key found in `mapping` renamed, through dicts, tuples, named
+  tuples (optax states) and dataclasses (TrainState); leaves unchanged. Orbax checkpoints
+  key params by name, so a checkpoint written before LEGACY_PARAM_NAMES restores into
+  `rename_keys(layout, {new: old})` and is renamed back with LEGACY_PARAM_NAMES."""
+  if isinstance(tree, dict):
+    return {mapping.get(k, k): rename_keys(v, mapping) for k, v in tree.items()}
+  if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+    return type(tree)(*(rename_keys(v, mapping) for v in tree))
+  if isinstance(tree, (tuple, list)):
+    return type(tree)(rename_keys(v, mapping) for v in tree)
+  if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+    return dataclasses.replace(tree, **{f.name: rename_keys(getattr(tree, f.name), mapping)
+                                        for f in dataclasses.fields(tree) if f.init})
+  return tree
 
 
 def flatten(params) -> dict[str, np.ndarray]:
@@ -69,14 +120,18 @@ def load_params(path: str, like: Any, source: str = "params file", *,
   file = params_path(path)
   if file is None:
     raise FileNotFoundError(f"{source}={path!r}: no {PARAMS_FILE} there.")
-  arrays = load_file(file)
+  arrays, file_names = _with_current_names(load_file(file), f"{source}={path!r}: {file}")
   expected = flatten(like)
   for name in set(expected) - set(arrays):
     if name.startswith(fresh_prefixes):  # False for no prefixes
       arrays[name] = expected[name]
+
+  def shown(name):  # The file's own name, and the one it was read as if renamed.
+    return f"{file_names[name]} (as {name})" if name in file_names else name
+
   missing = sorted(set(expected) - set(arrays))
-  unexpected = sorted(set(arrays) - set(expected))
-  wrong = [f"{k}: file {arrays[k].shape} {arrays[k].dtype}, model {v.shape} {v.dtype}"
+  unexpected = sorted(file_names.get(k, k) for k in set(arrays) - set(expected))
+  wrong = [f"{shown(k)}: file {arrays[k].shape} {arrays[k].dtype}, model {v.shape} {v.dtype}"
            for k, v in expected.items()
            if k in arrays and (arrays[k].shape != v.shape or arrays[k].dtype != v.dtype)]
   if missing or unexpected or wrong:

@@ -23,6 +23,21 @@ from agentic_rl.train.checkpointing import Checkpointer, resolve_checkpoint
 from agentic_rl.train.run_state import RunState, provenance
 
 
+def restore(reader: Checkpointer, layout: dict, step: int | None = None):
+  """reader.restore(layout, step); a checkpoint written before the attention params took one
+  letter per axis (params_file.LEGACY_PARAM_NAMES) restores under its old names, renamed."""
+  try:
+    return reader.restore(layout, step=step)
+  except RuntimeError as err:
+    old_name = {new: old for old, new in params_file.LEGACY_PARAM_NAMES.items()}
+    try:
+      restored = reader.restore(params_file.rename_keys(layout, old_name), step=step)
+    except RuntimeError:
+      raise err from None  # Not an old checkpoint either: the first error says what differs.
+  step, tree, extras = restored
+  return step, params_file.rename_keys(tree, params_file.LEGACY_PARAM_NAMES), extras
+
+
 def with_reference(state: TrainState) -> TrainState:
   """The state with its KL reference (when it has one) set to its current params."""
   if state.ref_params is None:
@@ -69,7 +84,7 @@ class StateIO:
              ) -> tuple[TrainState, RunState] | None:
     """The latest checkpoint in `ckpt` restored into `like`'s layout, or None.
     `config_for_step(rl_step)` is the config the saved step ran under."""
-    restored = ckpt.restore({"train": self.replicated(like)})
+    restored = restore(ckpt, {"train": self.replicated(like)})
     if restored is None:
       return None
     _, tree, extras = restored
@@ -103,7 +118,7 @@ class StateIO:
     try:
       for n, layout in enumerate(layouts):
         try:
-          _, restored, extras = reader.restore({"train": layout}, step=step)
+          _, restored, extras = restore(reader, {"train": layout}, step=step)
           break
         except RuntimeError as err:
           if n + 1 == len(layouts):

@@ -2,7 +2,7 @@
 
 Nothing here imports `kernels`: each function restates the contract of
 kernels/reference.py from its docstrings (visibility by position, -1 is padding,
-a query that sees no key outputs zeros, GQA head h reads kv head h // (H / K)).
+a query that sees no key outputs zeros, query head n reads kv head n // (N / K)).
 Model tests reuse these for layer-level references.
 """
 
@@ -29,11 +29,11 @@ def visibility(q_pos_bt, k_pos_bs, window=None):
   return mask
 
 
-def attention(q_bthd, k_bshd, v_bshd, mask_bkts):
+def attention(q_btnh, k_bskh, v_bskh, mask_bkts):
   """Softmax attention with a per-kv-group mask [B, K, T, S] (or [B, T, S] for all groups)."""
-  q = np.asarray(q_bthd, np.float64)
-  k = np.asarray(k_bshd, np.float64)
-  v = np.asarray(v_bshd, np.float64)
+  q = np.asarray(q_btnh, np.float64)
+  k = np.asarray(k_bskh, np.float64)
+  v = np.asarray(v_bskh, np.float64)
   b, t, h, d = q.shape
   num_kv = k.shape[2]
   group = h // num_kv
@@ -54,9 +54,9 @@ def attention(q_bthd, k_bshd, v_bshd, mask_bkts):
   return out
 
 
-def block_means(k_bshd, lengths_b, block_size):
-  """[B, N, K, D]: mean of the keys at positions < length in each block; 0 if none."""
-  k = np.asarray(k_bshd, np.float64)
+def block_means(k_bskh, lengths_b, block_size):
+  """[B, C, K, H]: mean of the keys at positions < length in each block; 0 if none."""
+  k = np.asarray(k_bskh, np.float64)
   b, s, num_kv, d = k.shape
   n = s // block_size
   out = np.zeros((b, n, num_kv, d))
@@ -68,10 +68,10 @@ def block_means(k_bshd, lengths_b, block_size):
   return out
 
 
-def raw_block_scores(q_bthd, block_keys_bnkd):
-  """[B, K, T, N]: the group's mean query . the block's mean key / sqrt(D), unmasked."""
-  q = np.asarray(q_bthd, np.float64)
-  bk = np.asarray(block_keys_bnkd, np.float64)
+def raw_block_scores(q_btnh, block_keys_bckh):
+  """[B, K, T, C]: the group's mean query . the block's mean key / sqrt(H), unmasked."""
+  q = np.asarray(q_btnh, np.float64)
+  bk = np.asarray(block_keys_bckh, np.float64)
   b, t, h, d = q.shape
   num_kv = bk.shape[2]
   group = h // num_kv
@@ -84,12 +84,12 @@ def raw_block_scores(q_bthd, block_keys_bnkd):
   return out
 
 
-def blocks_token_mask(blocks_bktn, q_pos_bt, num_keys, block_size):
+def blocks_token_mask(blocks_bktj, q_pos_bt, num_keys, block_size):
   """[B, K, T, S]: key s is attended when its block is selected and s <= the query position."""
-  return blocks_token_counts(blocks_bktn, q_pos_bt, num_keys, block_size) > 0
+  return blocks_token_counts(blocks_bktj, q_pos_bt, num_keys, block_size) > 0
 
 
-def check_topk_selection(blocks_bktn, raw_scores_bktn, q_pos_bt, block_size, num_selected,
+def check_topk_selection(blocks_bktj, raw_scores_bktc, q_pos_bt, block_size, num_selected,
                          tie_tol=1e-5):
   """Asserts that `blocks` is a top-n selection under the documented rule.
 
@@ -99,8 +99,8 @@ def check_topk_selection(blocks_bktn, raw_scores_bktn, q_pos_bt, block_size, num
   block scores at least as high as every unselected visible one (up to tie_tol,
   so float32 near-ties cannot make the check flaky). Padding queries select nothing.
   """
-  blocks = np.asarray(blocks_bktn)
-  scores = np.asarray(raw_scores_bktn)
+  blocks = np.asarray(blocks_bktj)
+  scores = np.asarray(raw_scores_bktc)
   q_pos = np.asarray(q_pos_bt)
   b, num_kv, t, n = blocks.shape
   assert n == num_selected, (blocks.shape, num_selected)
@@ -130,9 +130,9 @@ def check_topk_selection(blocks_bktn, raw_scores_bktn, q_pos_bt, block_size, num
               f"unselected max {best_out}")
 
 
-def rope(x_bthk, positions_bt, theta):
-  """Half-split rotary embedding: pairs (i, i + D/2) rotate by p * theta^(-2i/D)."""
-  x = np.asarray(x_bthk, np.float64)
+def rope(x, positions_bt, theta):
+  """Half-split rotary embedding: pairs (i, i + H/2) rotate by p * theta^(-2i/H)."""
+  x = np.asarray(x, np.float64)  # [B, T, heads, H]
   pos = np.asarray(positions_bt, np.float64)
   d = x.shape[-1]
   half = d // 2
@@ -146,17 +146,17 @@ def rope(x_bthk, positions_bt, theta):
   return out
 
 
-def attention_vjp(q_bthd, k_bshd, v_bshd, count_bkts, do_bthd):
+def attention_vjp(q_btnh, k_bskh, v_bskh, count_bkts, do_btnh):
   """float64 (dq, dk, dv) of sum(attention(q, k, v) * do), from the softmax derivative.
 
   count_bkts [B, K, T, S] (or [B, T, S]): how many times key s enters query t's softmax
   (0 = masked; a block selected twice counts its keys twice), so
-  p_s = c_s e^{x_s} / sum_r c_r e^{x_r} with x_s = q.k_s / sqrt(D), o = sum_s p_s v_s and
-  dv_s += p_s do, dx_s = p_s (do.v_s - do.o), dq += sum_s dx_s k_s / sqrt(D),
-  dk_s += dx_s q / sqrt(D). A query that sees no key has o = 0 and no gradient.
+  p_s = c_s e^{x_s} / sum_r c_r e^{x_r} with x_s = q.k_s / sqrt(H), o = sum_s p_s v_s and
+  dv_s += p_s do, dx_s = p_s (do.v_s - do.o), dq += sum_s dx_s k_s / sqrt(H),
+  dk_s += dx_s q / sqrt(H). A query that sees no key has o = 0 and no gradient.
   """
-  do = np.asarray(do_bthd, np.float64)
-  q, k, v, rows = _counted_softmax_rows(q_bthd, k_bshd, v_bshd, count_bkts)
+  do = np.asarray(do_btnh, np.float64)
+  q, k, v, rows = _counted_softmax_rows(q_btnh, k_bskh, v_bskh, count_bkts)
   dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
   scale = 1.0 / np.sqrt(q.shape[-1])
   for bi, ti, hi, kv, seen, p in rows:
@@ -168,21 +168,21 @@ def attention_vjp(q_bthd, k_bshd, v_bshd, count_bkts, do_bthd):
   return dq, dk, dv
 
 
-def attention_counted(q_bthd, k_bshd, v_bshd, count_bkts):
+def attention_counted(q_btnh, k_bskh, v_bskh, count_bkts):
   """`attention` with multiplicities: the forward whose gradient `attention_vjp` is."""
-  q, k, v, rows = _counted_softmax_rows(q_bthd, k_bshd, v_bshd, count_bkts)
+  q, k, v, rows = _counted_softmax_rows(q_btnh, k_bskh, v_bskh, count_bkts)
   out = np.zeros_like(q)
   for bi, ti, hi, kv, seen, p in rows:
     out[bi, ti, hi] = p @ v[bi, seen, kv]
   return out
 
 
-def _counted_softmax_rows(q_bthd, k_bshd, v_bshd, count_bkts):
+def _counted_softmax_rows(q_btnh, k_bskh, v_bskh, count_bkts):
   """q, k, v in float64 and, per query that sees a key, (b, t, h, kv head, seen keys, p):
-  p_s = c_s e^{x_s} / sum_r c_r e^{x_r} over the keys it sees, x_s = q.k_s / sqrt(D)."""
-  q = np.asarray(q_bthd, np.float64)
-  k = np.asarray(k_bshd, np.float64)
-  v = np.asarray(v_bshd, np.float64)
+  p_s = c_s e^{x_s} / sum_r c_r e^{x_r} over the keys it sees, x_s = q.k_s / sqrt(H)."""
+  q = np.asarray(q_btnh, np.float64)
+  k = np.asarray(k_bskh, np.float64)
+  v = np.asarray(v_bskh, np.float64)
   b, t, h, d = q.shape
   num_kv = k.shape[2]
   group = h // num_kv
@@ -206,10 +206,10 @@ def _counted_softmax_rows(q_bthd, k_bshd, v_bshd, count_bkts):
   return q, k, v, rows()
 
 
-def blocks_token_counts(blocks_bktn, q_pos_bt, num_keys, block_size):
+def blocks_token_counts(blocks_bktj, q_pos_bt, num_keys, block_size):
   """[B, K, T, S]: how many selected slots of the query's group hold key s's block (s <= the
   query position); a block selected twice puts its keys in the softmax twice."""
-  blocks = np.asarray(blocks_bktn)
+  blocks = np.asarray(blocks_bktj)
   q_pos = np.asarray(q_pos_bt)
   b, num_kv, t, _ = blocks.shape
   count = np.zeros((b, num_kv, t, num_keys), np.int64)

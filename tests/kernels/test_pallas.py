@@ -289,7 +289,7 @@ def _grad_cases(ops):
                   _qkv(5, 4, 19, 19, 4, 2, 8), npa.visibility(q_pos, k_pos, 3)),
       # Row 1 selects block 2 twice for one query: its keys count twice.
       "block_sparse": (lambda o: functools.partial(o.block_sparse_attention,
-                                                   blocks_bktn=blocks, q_pos_bt=sq_pos,
+                                                   blocks_bktj=blocks, q_pos_bt=sq_pos,
                                                    block_size=bs),
                        (q, k, v), npa.blocks_token_counts(blocks, sq_pos, k.shape[1], bs)),
   }

@@ -14,9 +14,9 @@ import numpy as np
 
 from agentic_rl.model.config import ModelSpec, default_model_config, validate
 
-# Weights whose fan-in is their first axis ([D, ...] projections); w_o_hkd has fan-in H*K;
+# Weights whose fan-in is their first axis ([D, ...] projections); w_o_nhd has fan-in N*H;
 # everything else ([.., in, out] dense and stacked expert weights) uses its second-last axis.
-_FAN_IN_FIRST_AXIS = ("w_q_dhk", "w_k_dhk", "w_v_dhk", "w_gate_dh", "w_router_de")
+_FAN_IN_FIRST_AXIS = ("w_q_dnh", "w_k_dkh", "w_v_dkh", "w_gate_dn", "w_router_de")
 
 
 def make_spec(pattern: str, num_layers: int, num_dense_layers: int = 0,
@@ -51,12 +51,12 @@ def draw_like(shapes, seed: int):
       w = 1.0 + 0.1 * rng.standard_normal(shape)
     elif name == "embedding":
       w = rng.standard_normal(shape)
-    elif name == "b_gate_h":
+    elif name == "b_gate_n":
       w = 0.5 * rng.standard_normal(shape)
     elif name == "routing_bias_e":
       w = np.zeros(shape)
     else:
-      if name == "w_o_hkd":
+      if name == "w_o_nhd":
         fan_in = shape[0] * shape[1]
       elif name in _FAN_IN_FIRST_AXIS:
         fan_in = shape[0]

@@ -51,9 +51,9 @@ def project(params, x, positions):
   """float64 q (roped), k (roped), v of one attention layer."""
   x = np.asarray(x, np.float64)
   p = {k: np.asarray(v, np.float64) for k, v in params.items()}
-  q = npa.rope(np.einsum("btd,dhk->bthk", x, p["w_q_dhk"]), positions, SPEC.rope_theta)
-  k = npa.rope(np.einsum("btd,dhk->bthk", x, p["w_k_dhk"]), positions, SPEC.rope_theta)
-  v = np.einsum("btd,dhk->bthk", x, p["w_v_dhk"])
+  q = npa.rope(np.einsum("btd,dnh->btnh", x, p["w_q_dnh"]), positions, SPEC.rope_theta)
+  k = npa.rope(np.einsum("btd,dkh->btkh", x, p["w_k_dkh"]), positions, SPEC.rope_theta)
+  v = np.einsum("btd,dkh->btkh", x, p["w_v_dkh"])
   return q, k, v
 
 
@@ -69,10 +69,10 @@ def reference_layer(layer_type, params, x, positions, blocks=None):
     mask = npa.blocks_token_mask(blocks, positions, x.shape[1], SPEC.block_size)
   o = npa.attention(q, k, v, mask)
   if layer_type == "S":
-    gate = np.einsum("btd,dh->bth", np.asarray(x, np.float64),
-                     np.asarray(params["w_gate_dh"], np.float64))
-    o = o / (1.0 + np.exp(-(gate + np.asarray(params["b_gate_h"], np.float64))))[..., None]
-  return np.einsum("bthk,hkd->btd", o, np.asarray(params["w_o_hkd"], np.float64))
+    gate = np.einsum("btd,dn->btn", np.asarray(x, np.float64),
+                     np.asarray(params["w_gate_dn"], np.float64))
+    o = o / (1.0 + np.exp(-(gate + np.asarray(params["b_gate_n"], np.float64))))[..., None]
+  return np.einsum("btnh,nhd->btd", o, np.asarray(params["w_o_nhd"], np.float64))
 
 
 def reference_selection_scores(params, x, positions):
@@ -129,7 +129,7 @@ def test_selection_replay_forces_recorded_blocks_under_perturbed_weights():
   recorded = aux["blocks"]
   rng = np.random.default_rng(7)
   perturbed = dict(lay.params)
-  for name in ("w_q_dhk", "w_k_dhk"):
+  for name in ("w_q_dnh", "w_k_dkh"):
     w = lay.params[name]
     perturbed[name] = w + jnp.asarray(0.5 * rng.standard_normal(w.shape) / np.sqrt(w.shape[0]),
                                       jnp.float32)
@@ -168,12 +168,12 @@ def shapes_of(spec):
 
 
 def test_layer_types_share_one_attention_param_tree():
-  """G and F have identical params; S adds only its output gate (w_gate_dh, b_gate_h)."""
+  """G and F have identical params; S adds only its output gate (w_gate_dn, b_gate_n)."""
   f, g, s = shapes_of(F_SPEC), shapes_of(G_WIDE_SPEC), shapes_of(S_WIDE_SPEC)
   assert g == f
   for i in range(2):
     s_attn, f_attn = s[f"layer_{i}"]["attn"], f[f"layer_{i}"]["attn"]
-    assert set(s_attn) - set(f_attn) == {"w_gate_dh", "b_gate_h"}
+    assert set(s_attn) - set(f_attn) == {"w_gate_dn", "b_gate_n"}
     assert {k: v for k, v in s_attn.items() if k in f_attn} == f_attn
     assert {k: v for k, v in s[f"layer_{i}"].items() if k != "attn"} == {
         k: v for k, v in f[f"layer_{i}"].items() if k != "attn"}
@@ -199,10 +199,10 @@ def test_sliding_window_at_least_the_context_with_an_open_gate_equals_dense():
   dense = jax.tree.map(lambda x: x, params)
   for i in range(2):
     attn = dict(params[f"layer_{i}"]["attn"])
-    attn["w_gate_dh"] = jnp.zeros_like(attn["w_gate_dh"])
-    attn["b_gate_h"] = jnp.full_like(attn["b_gate_h"], 30.0)
+    attn["w_gate_dn"] = jnp.zeros_like(attn["w_gate_dn"])
+    attn["b_gate_n"] = jnp.full_like(attn["b_gate_n"], 30.0)
     open_gate[f"layer_{i}"] = dict(params[f"layer_{i}"], attn=attn)
-    plain = {k: v for k, v in attn.items() if k not in ("w_gate_dh", "b_gate_h")}
+    plain = {k: v for k, v in attn.items() if k not in ("w_gate_dn", "b_gate_n")}
     dense[f"layer_{i}"] = dict(params[f"layer_{i}"], attn=plain)
   s_logits, _ = valid_logits(S_WIDE_SPEC, open_gate)
   f_logits, _ = valid_logits(F_SPEC, dense)
@@ -221,7 +221,7 @@ def perturb_attention(params, layer_names, scale, seed):
   out = dict(params)
   for name in layer_names:
     attn = dict(params[name]["attn"])
-    for w_name in ("w_q_dhk", "w_k_dhk"):
+    for w_name in ("w_q_dnh", "w_k_dkh"):
       w = attn[w_name]
       attn[w_name] = w + jnp.asarray(scale * rng.standard_normal(w.shape) / np.sqrt(
           w.shape[0]), w.dtype)

@@ -91,15 +91,15 @@ def _with_leaf(tree, path, value):
 
 GRAD_CHECKED = [
     ("embed", "embedding"),
-    ("layer_0", "attn", "w_q_dhk"),       # S
-    ("layer_0", "attn", "w_gate_dh"),     # S output gate
-    ("layer_0", "attn", "b_gate_h"),
+    ("layer_0", "attn", "w_q_dnh"),       # S
+    ("layer_0", "attn", "w_gate_dn"),     # S output gate
+    ("layer_0", "attn", "b_gate_n"),
     ("layer_0", "ffn", "w_up_df"),        # dense FFN
-    ("layer_1", "attn", "w_k_dhk"),       # G
-    ("layer_1", "attn", "w_o_hkd"),
+    ("layer_1", "attn", "w_k_dkh"),       # G
+    ("layer_1", "attn", "w_o_nhd"),
     ("layer_1", "moe", "w_router_de"),    # router: gates get gradient under replay
     ("layer_1", "moe", "w_gate_edf"),     # routed experts
-    ("layer_2", "attn", "w_v_dhk"),       # F
+    ("layer_2", "attn", "w_v_dkh"),       # F
     ("layer_2", "moe", "shared_experts", "w_down_fd"),
     ("layer_2", "attn_norm", "scale"),
     ("final_norm", "scale"),

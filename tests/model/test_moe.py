@@ -103,10 +103,10 @@ def np_moe(p, x_btd, spec, forced=None, bias=None):
   return y.reshape(b, t, d), experts, gates
 
 
-def np_load_and_aux(scores_bte, experts_btk, valid_bt, gate, coef):
+def np_load_and_aux(scores_bte, experts_btp, valid_bt, gate, coef):
   num_e = scores_bte.shape[-1]
   v = np.asarray(valid_bt, bool)
-  ex = np.asarray(experts_btk)[v]  # [n_valid, k]
+  ex = np.asarray(experts_btp)[v]  # [n_valid, P]
   load = np.array([(ex == e).sum() for e in range(num_e)], np.float64) / ex.size
   probs = np.asarray(scores_bte, np.float64)[v]
   if gate == "sigmoid":
@@ -216,7 +216,7 @@ def test_bad_inputs_raise_clear_errors():
   module, params, x, valid = init_moe(spec)
   with pytest.raises(ValueError, match="valid_bt has shape"):
     module.apply(params, x, valid[:, :-1])
-  with pytest.raises(ValueError, match="forced_experts_btk has shape"):
+  with pytest.raises(ValueError, match="forced_experts_btp has shape"):
     module.apply(params, x, valid, jnp.zeros((B, T, K + 1), jnp.int32))
   with pytest.raises(ValueError, match="integer dtype"):
     module.apply(params, x, valid, jnp.zeros((B, T, K), jnp.float32))

@@ -44,13 +44,13 @@ def reference_s_layer(params, x, pos):
   """float64 gated sliding-window attention layer (numpy, positions decide visibility)."""
   x = np.asarray(x, np.float64)
   p = {k: np.asarray(v, np.float64) for k, v in params.items()}
-  q = npa.rope(np.einsum("btd,dhk->bthk", x, p["w_q_dhk"]), pos, SPEC.rope_theta)
-  k = npa.rope(np.einsum("btd,dhk->bthk", x, p["w_k_dhk"]), pos, SPEC.rope_theta)
-  v = np.einsum("btd,dhk->bthk", x, p["w_v_dhk"])
+  q = npa.rope(np.einsum("btd,dnh->btnh", x, p["w_q_dnh"]), pos, SPEC.rope_theta)
+  k = npa.rope(np.einsum("btd,dkh->btkh", x, p["w_k_dkh"]), pos, SPEC.rope_theta)
+  v = np.einsum("btd,dkh->btkh", x, p["w_v_dkh"])
   o = npa.attention(q, k, v, npa.visibility(pos, pos, window=SPEC.sliding_window))
-  gate = np.einsum("btd,dh->bth", x, p["w_gate_dh"]) + p["b_gate_h"]
+  gate = np.einsum("btd,dn->btn", x, p["w_gate_dn"]) + p["b_gate_n"]
   o = o / (1.0 + np.exp(-gate))[..., None]
-  return np.einsum("bthk,hkd->btd", o, p["w_o_hkd"])
+  return np.einsum("btnh,nhd->btd", o, p["w_o_nhd"])
 
 
 def test_uncached_s_layer_matches_float64_with_positions_not_starting_at_zero():

@@ -51,7 +51,7 @@ def _perturbed(params, scale, seed=1):
   moe["w_router_de"] = moe["w_router_de"] + scale * jax.random.normal(
       next(keys), moe["w_router_de"].shape)
   attn = dict(layer["attn"])
-  for name in ("w_q_dhk", "w_k_dhk"):
+  for name in ("w_q_dnh", "w_k_dkh"):
     attn[name] = attn[name] + scale * jax.random.normal(next(keys), attn[name].shape)
   return dict(params, layer_0=dict(layer, moe=moe, attn=attn))
 
