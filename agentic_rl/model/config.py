@@ -125,6 +125,13 @@ class ModelSpec:
     return self.replace(layer_types=("F",) * self.num_layers)
 
 
+def dense_pattern(pattern: str) -> str:
+  """`pattern` with every block-sparse G layer made dense F. They share parameters, and the
+  dense layer attends to every key, so no block choice can differ between sampler and
+  learner (route A)."""
+  return pattern.upper().replace("G", "F")
+
+
 def expand_pattern(pattern: str, num_layers: int) -> tuple[str, ...]:
   pattern = pattern.upper()
   if not pattern:

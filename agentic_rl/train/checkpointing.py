@@ -74,6 +74,16 @@ class Checkpointer:
           "If the config changed since it was written, start a new workdir.") from err
     return step, restored["state"], dict(restored["extras"] or {})
 
+  def read_extras(self, step: int | None = None) -> dict | None:
+    """The JSON extras of `step` (default: the latest) without its state, or None when the
+    directory holds no checkpoint: what layout to restore the state into."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      return None
+    restored = self._manager.restore(step, args=ocp.args.Composite(
+        extras=ocp.args.JsonRestore()))
+    return dict(restored["extras"] or {})
+
   def all_steps(self) -> list[int]:
     return list(self._manager.all_steps())
 

@@ -8,6 +8,7 @@ import dataclasses
 import ml_collections
 
 from agentic_rl.config_schema import check, from_config_dict, to_config_dict
+from agentic_rl.model import config as model_config_lib
 from agentic_rl.rl.config import OptimConfig
 from agentic_rl.train.fingerprint import FIELDS as FINGERPRINT_FIELDS
 
@@ -87,17 +88,31 @@ class TrainSpec:
 
 
 def route_a_overrides() -> ml_collections.ConfigDict:
-  """Route A, consistency first: dense full attention, fp32 cache, full replay, no IS hack."""
+  """Route A, consistency first, as overrides any config takes (`config.route_a`): fp32
+  compute, params and cache; MoE routing, block choices and sampling masks replayed; no
+  importance correction; credit from a critic (value head, GAE). The layer pattern is
+  not among them: route_a_config makes the run's own G layers dense, whatever the pattern."""
   o = ml_collections.ConfigDict()
-  o.model = ml_collections.ConfigDict()
-  o.model.layer_pattern = "SSSF"  # Sparse G layers become dense F; same parameters.
-  o.model.cache_dtype = "float32"
-  o.model.dtype = "float32"
+  o.model = ml_collections.ConfigDict({"dtype": "float32", "param_dtype": "float32",
+                                       "cache_dtype": "float32", "value_head": True})
   o.rl = ml_collections.ConfigDict()
+  o.rl.advantage = ml_collections.ConfigDict({"estimator": "gae"})
   o.rl.correction = ml_collections.ConfigDict({"type": "none"})
   o.rl.replay = ml_collections.ConfigDict({"routing": True, "blocks": True,
                                            "sampling_mask": True})
   return o
+
+
+def route_a_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`config` under route A, the one definition: configs/route_a_consistency.py and the
+  stage switch (config.train.switch_to_route_a_at) both use it. Applies config.route_a
+  (route_a_overrides() when the config has none) and makes every G layer dense F, unless
+  config.route_a names a layer pattern itself."""
+  overrides = config.route_a if "route_a" in config else route_a_overrides()
+  out = apply_overrides(config, overrides)
+  if "layer_pattern" not in overrides.get("model", {}):
+    out.model.layer_pattern = model_config_lib.dense_pattern(config.model.layer_pattern)
+  return out
 
 
 def apply_overrides(config: ml_collections.ConfigDict,

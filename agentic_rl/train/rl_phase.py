@@ -107,6 +107,8 @@ def _rl_step(ctx: RunContext, pool, state, run: RunState, num_steps: int
   tc = ctx.train_spec
   step = run.rl_step
   route = ctx.routes.for_step(step)
+  # At a stage switch: the new route's layout (route A adds a critic). Else a no-op.
+  state = ctx.state_io.replicated(route.adopt(state, ctx.config.seed))
   t0 = time.time()
   trajs, numbers, outcome_rewards, rollout_logged = _collect(ctx, route, pool, state, step)
   t1 = time.time()

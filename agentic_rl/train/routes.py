@@ -4,10 +4,12 @@ switches (config.train.switch_to_route_a_at: throughput early, consistency late)
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from agentic_rl.model import config as model_config_lib
@@ -34,13 +36,63 @@ class Route:
   def init_state(self, seed: int) -> train_step_lib.TrainState:
     """Fresh params from `seed` and a fresh optimiser state. The KL reference is the
     policy RL starts from: set when SFT hands over or start params load, then carried."""
-    params = self.model.init(jax.random.key(seed))
+    return self._state_from(self.model.init(jax.random.key(seed)))
+
+  def _state_from(self, params) -> train_step_lib.TrainState:
     ref = params if self.rl_spec.loss.kl_coef > 0 else None
     return train_step_lib.init_train_state(self.model, params, self.rl_spec, ref_params=ref)
+
+  @functools.cached_property
+  def layout(self):
+    """Shapes and dtypes of this route's train state (no arrays)."""
+    return jax.eval_shape(self._state_from, self.model.param_shapes())
+
+  def adopt(self, state: train_step_lib.TrainState, seed: int) -> train_step_lib.TrainState:
+    """`state` in this route's layout; as given when it already is. At a switch to a route
+    with a value head (route A's critic), the head starts fresh from `seed`; every param
+    and optimiser moment both layouts have carries over, cast to this route's dtypes; the
+    KL reference gets the same treatment."""
+    if _same_layout(state, self.layout):
+      return state
+    fresh = self.init_state(seed)
+    params = graft(fresh.params, state.params)
+    opt_state = graft(train_step_lib.make_optimizer(self.rl_spec).init(params),
+                      state.opt_state)
+    ref = fresh.ref_params
+    if ref is not None:
+      ref = graft(ref, state.ref_params if state.ref_params is not None else params)
+    return state.replace(params=params, opt_state=opt_state, ref_params=ref)
 
   def close(self):
     self.engine.close()
     self.eval_engine.close()
+
+
+def _same_layout(tree, layout) -> bool:
+  if jax.tree.structure(tree) != jax.tree.structure(layout):
+    return False
+  return all(x.shape == y.shape and x.dtype == y.dtype
+             for x, y in zip(jax.tree.leaves(tree), jax.tree.leaves(layout)))
+
+
+def graft(into, source):
+  """`into` with each leaf that `source` has at the same path taken from `source`, cast to
+  `into`'s dtype; leaves only `into` has keep their values. A shared path whose shapes
+  differ is an error naming it."""
+  source_leaves = {jax.tree_util.keystr(path): leaf
+                   for path, leaf in jax.tree_util.tree_leaves_with_path(source)}
+
+  def take(path, leaf):
+    name = jax.tree_util.keystr(path)
+    if name not in source_leaves:
+      return leaf
+    src = source_leaves[name]
+    if src.shape != leaf.shape:
+      raise ValueError(f"cannot carry {name} over to the new route: shape {src.shape}, "
+                       f"the route expects {leaf.shape}")
+    return jnp.asarray(src, leaf.dtype)
+
+  return jax.tree_util.tree_map_with_path(take, into)
 
 
 class Routes:
@@ -57,8 +109,7 @@ class Routes:
   def config_for_step(self, rl_step: int) -> tuple[str, ml_collections.ConfigDict]:
     switch = self.train_spec.switch_to_route_a_at
     if switch >= 0 and rl_step >= switch:
-      return "A", train_config_lib.apply_overrides(self.base_config,
-                                                   self.base_config.route_a)
+      return "A", train_config_lib.route_a_config(self.base_config)
     return "base", self.base_config
 
   def for_step(self, rl_step: int) -> Route:

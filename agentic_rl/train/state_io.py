@@ -80,17 +80,19 @@ class StateIO:
     ckpt.save(run.global_step, {"train": self.replicated(state)}, None,
               run.to_extras(self.fingerprint(config)), force=force)
 
-  def resume(self, ckpt: Checkpointer, like: TrainState, config_for_step
+  def resume(self, ckpt: Checkpointer, layout_for_step, config_for_step
              ) -> tuple[TrainState, RunState] | None:
-    """The latest checkpoint in `ckpt` restored into `like`'s layout, or None.
-    `config_for_step(rl_step)` is the config the saved step ran under."""
-    restored = restore(ckpt, {"train": self.replicated(like)})
-    if restored is None:
+    """The latest checkpoint in `ckpt`, or None. `layout_for_step(rl_step)` is a state in
+    the layout the saved step trained in (after a switch to route A, with a critic), and
+    `config_for_step(rl_step)` the config it ran under."""
+    extras = ckpt.read_extras()
+    if extras is None:
       return None
-    _, tree, extras = restored
     source = f"the checkpoint in {ckpt.directory}"
     run, saved_fingerprint = RunState.from_extras(extras, source)
     self.check_fingerprint(saved_fingerprint, config_for_step(run.rl_step), source)
+    _, tree, _ = restore(ckpt, {"train": self.replicated(layout_for_step(run.rl_step))},
+                         step=ckpt.latest_step())
     print(f"resumed from {ckpt.directory} at {run.phase} step {run.phase_step}", flush=True)
     return tree["train"], run
 

@@ -98,13 +98,15 @@ class Trainer:
   def run(self) -> dict:
     start_wall = time.time()
     tc = self.train_spec
-    state = self.routes.for_step(0).init_state(self.config.seed)
     ckpt = Checkpointer(os.path.join(self.workdir, "checkpoints"),
                         max_to_keep=tc.keep_checkpoints)
-    resumed = self.state_io.resume(ckpt, state, lambda s: self.routes.config_for_step(s)[1])
+    resumed = self.state_io.resume(
+        ckpt, lambda step: self.routes.for_step(step).init_state(self.config.seed),
+        lambda step: self.routes.config_for_step(step)[1])
     if resumed is not None:
       state, run = resumed
     else:
+      state = self.routes.for_step(0).init_state(self.config.seed)
       run = RunState(phase="sft" if tc.sft_steps else "rl")
       if tc.init_checkpoint:
         state, run.init_checkpoint = self.state_io.load_params(

@@ -46,7 +46,7 @@ def test_an_old_checkpoint_loads_as_init_and_resumes(tmp_path):
     for got, want in zip(jax.tree.leaves(params), jax.tree.leaves(written.params)):
       np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     like = trainer.routes.for_step(0).init_state(config.seed)
-    resumed, run = trainer.state_io.resume(Checkpointer(old_dir), like,
+    resumed, run = trainer.state_io.resume(Checkpointer(old_dir), lambda step: like,
                                            lambda step: config)
     assert run.rl_step == 1
     assert jax.tree.structure(resumed) == jax.tree.structure(like)

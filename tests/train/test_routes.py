@@ -1,6 +1,8 @@
 """Routes end to end: A's sampler and learner agree (KL < 1e-6); B's bf16 sampler cache
 leaves a measurable mismatch; a B run switched to A at a step is consistent from there on."""
 
+import numpy as np
+
 from tests.train import run_train
 
 
@@ -28,3 +30,12 @@ def test_route_b_mismatch_then_switch_to_route_a(tmp_path):
   # after the switch the fp32, dense, fully replayed route agrees to round-off.
   assert b_kl > 1e-6, b_kl
   assert a_kl < 1e-6 and a_kl < b_kl / 10, (a_kl, b_kl)
+  # Route A's credit comes with it: a critic trains from the switch on (GAE).
+  assert "value_loss" not in rl[0] and np.isfinite(rl[1]["value_loss"])
+  assert summary["config"]["rl"]["advantage"]["estimator"] == "grpo"  # The base route's.
+
+  # Resuming after the switch restores route A's layout, critic included, and goes on.
+  resumed, rl = _train(str(tmp_path), "route_b", "--config.train.switch_to_route_a_at=1",
+                       "--config.rl.num_steps=3")
+  assert resumed["rl_steps"] == 3 and len(rl) == 3
+  assert rl[2]["stage/route_a"] == 1.0 and np.isfinite(rl[2]["value_loss"])
