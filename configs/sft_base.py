@@ -35,7 +35,7 @@ from agentic_rl.envs.config import default_env_config
 from agentic_rl.model.config import default_model_config
 from agentic_rl.rl.config import default_rl_config
 from agentic_rl.rollout.config import default_rollout_config
-from agentic_rl.rollout.tokenizer import default_tokenizer_config
+from agentic_rl.rollout.tokenizer_config import default_tokenizer_config
 from agentic_rl.train.config import default_train_config, route_a_overrides
 
 # A shipped name: resolves to the installed configs package from any directory.

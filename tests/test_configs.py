@@ -40,8 +40,8 @@ def test_config_parses_and_shapes(name):
     assert layer["attn"]["w_k_dkh"].shape == (spec.d_model, spec.num_kv_heads, spec.head_dim)
     assert ("w_gate_dn" in layer["attn"]) == (layer_type == "S")
     if spec.is_moe_layer(i):
-      assert layer["moe"]["w_gate_edf"].shape == (spec.num_experts, spec.d_model,
-                                                  spec.d_ff_expert)
+      assert layer["moe"]["w_gate_edf"].shape == (spec.moe.num_experts, spec.d_model,
+                                                  spec.moe.d_ff_expert)
     else:
       assert "ffn" in layer
   # A decode step through a full-capacity cache, traced only.

@@ -1,8 +1,10 @@
-"""The model's config section: defaults, validation and the per-layer plan.
+"""The model's config section (`config.model`): defaults, checks and the per-layer plan.
 
-Every model option lives in one `ml_collections.ConfigDict` (`config.model`).
-`validate` turns a bad value into a `ValueError` that names the field, the
-value and what was expected, before any array is allocated.
+`ModelSpec` (with its nested `moe` section) holds the defaults and the checks
+(agentic_rl/config_schema.py); `default_model_config` generates the ConfigDict that
+config files edit, and `validate` builds the spec back by field name, so a bad value is a
+`ValueError` naming `config.model.<field>` before any array is allocated. The spec is
+hashable: safe as a jit static argument.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 
 import ml_collections
+
+from agentic_rl.config_schema import check, from_config_dict, is_int, one_of, to_config_dict
 
 # S: gated sliding-window attention (ring-buffer cache).
 # G: block top-k sparse grouped-query attention (full cache + block summaries).
@@ -20,84 +24,98 @@ DTYPES = ("float32", "bfloat16", "float16")
 KERNEL_BACKENDS = ("reference", "pallas")
 
 
-def default_model_config() -> ml_collections.ConfigDict:
-  """A small hybrid MoE; configs override what they need."""
-  c = ml_collections.ConfigDict()
-  c.vocab_size = 320
-  c.d_model = 64
-  c.num_layers = 4
-  # Repeated (and truncated) to num_layers: "SSSG" is the 3:1 hybrid.
-  c.layer_pattern = "SSSG"
-  c.num_heads = 4
-  c.num_kv_heads = 2
-  c.head_dim = 16
-  c.rope_theta = 10_000.0
-  c.norm_eps = 1e-6
-  c.tie_embeddings = True
-  c.value_head = False  # A critic read-out on the same trunk (GAE); aux["values"].
-  c.max_seq_len = 512  # Capacity of full (F, G) caches; positions must stay below it.
+def _positive_int(field: str, value) -> None:
+  check(is_int(value) and value > 0, field, value, "a positive integer")
 
-  c.sliding_window = 32  # W for S layers.
-  c.block_size = 8  # B for G layers.
-  c.topk_tokens = 32  # k for G layers: k / B blocks are selected per query group.
 
-  c.num_dense_layers = 1  # The first N layers use a dense FFN instead of MoE.
-  c.d_ff = 128  # Hidden size of the dense FFN.
+@dataclasses.dataclass(frozen=True)
+class MoESpec:
+  """`config.model.moe`: the routed experts of the MoE layers."""
 
-  c.moe = ml_collections.ConfigDict()
-  c.moe.num_experts = 8
-  c.moe.num_experts_per_token = 2
-  c.moe.d_ff_expert = 32
-  c.moe.num_shared_experts = 1
-  c.moe.gate = "softmax"  # or "sigmoid"
-  c.moe.renormalize = True
-  c.moe.aux_loss_coef = 1e-2  # Switch-style load-balancing loss; 0 turns it off.
-  c.moe.use_routing_bias = False  # Aux-loss-free balancing: a bias that only affects selection.
-  c.moe.routing_bias_rate = 1e-3  # Step size of the bias update (sign of load error).
+  num_experts: int = 8  # 0 = no MoE (every layer dense).
+  num_experts_per_token: int = 2
+  d_ff_expert: int = 32
+  num_shared_experts: int = 1
+  gate: str = "softmax"  # or "sigmoid"
+  renormalize: bool = True
+  aux_loss_coef: float = 1e-2  # Switch-style load-balancing loss; 0 turns it off.
+  use_routing_bias: bool = False  # Aux-loss-free balancing: a bias that only affects selection.
+  routing_bias_rate: float = 1e-3  # Step size of the bias update (sign of load error).
 
-  c.dtype = "float32"  # Compute dtype.
-  c.param_dtype = "float32"
-  c.cache_dtype = "float32"  # bfloat16 makes a cheaper (route B) sampler cache.
-  c.kernel_backend = "reference"  # "pallas" on TPU/GPU, or in interpret mode on CPU.
-  c.pallas_interpret = False
-  return c
+  def __post_init__(self):
+    check(is_int(self.num_experts) and self.num_experts >= 0, "num_experts", self.num_experts,
+          "0 (no MoE) or more")
+    if self.num_experts > 0:
+      check(is_int(self.num_experts_per_token)
+            and 1 <= self.num_experts_per_token <= self.num_experts,
+            "num_experts_per_token", self.num_experts_per_token,
+            f"between 1 and moe.num_experts={self.num_experts}")
+      _positive_int("d_ff_expert", self.d_ff_expert)
+    check(is_int(self.num_shared_experts) and self.num_shared_experts >= 0,
+          "num_shared_experts", self.num_shared_experts, ">= 0")
+    one_of(self.gate, "gate", GATE_FUNCTIONS)
+
+  def replace(self, **changes) -> "MoESpec":
+    return dataclasses.replace(self, **changes)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-  """A hashable, validated view of `config.model`, safe as a jit static arg."""
+  """`config.model` as checked: a small hybrid MoE by default; configs override what they
+  need."""
 
-  vocab_size: int
-  d_model: int
-  num_layers: int
-  layer_types: tuple[str, ...]
-  num_heads: int
-  num_kv_heads: int
-  head_dim: int
-  rope_theta: float
-  norm_eps: float
-  tie_embeddings: bool
-  value_head: bool
-  max_seq_len: int
-  sliding_window: int
-  block_size: int
-  topk_tokens: int
-  num_dense_layers: int
-  d_ff: int
-  num_experts: int
-  num_experts_per_token: int
-  d_ff_expert: int
-  num_shared_experts: int
-  gate: str
-  renormalize: bool
-  aux_loss_coef: float
-  use_routing_bias: bool
-  routing_bias_rate: float
-  dtype: str
-  param_dtype: str
-  cache_dtype: str
-  kernel_backend: str
-  pallas_interpret: bool
+  vocab_size: int = 320
+  d_model: int = 64
+  num_layers: int = 4
+  # Repeated (and truncated) to num_layers: "SSSG" is the 3:1 hybrid. See `layer_types`.
+  layer_pattern: str = "SSSG"
+  num_heads: int = 4
+  num_kv_heads: int = 2
+  head_dim: int = 16
+  rope_theta: float = 10_000.0
+  norm_eps: float = 1e-6
+  tie_embeddings: bool = True
+  value_head: bool = False  # A critic read-out on the same trunk (GAE); aux["values"].
+  max_seq_len: int = 512  # Capacity of full (F, G) caches; positions must stay below it.
+
+  sliding_window: int = 32  # W for S layers.
+  block_size: int = 8  # B for G layers.
+  topk_tokens: int = 32  # k for G layers: k / B blocks are selected per query group.
+
+  num_dense_layers: int = 1  # The first N layers use a dense FFN instead of MoE.
+  d_ff: int = 128  # Hidden size of the dense FFN.
+
+  moe: MoESpec = MoESpec()
+
+  dtype: str = "float32"  # Compute dtype.
+  param_dtype: str = "float32"
+  cache_dtype: str = "float32"  # bfloat16 makes a cheaper (route B) sampler cache.
+  kernel_backend: str = "reference"  # "pallas" on TPU/GPU, or in interpret mode on CPU.
+  pallas_interpret: bool = False
+
+  def __post_init__(self):
+    for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
+                 "head_dim", "max_seq_len", "sliding_window", "block_size", "topk_tokens"):
+      _positive_int(name, getattr(self, name))
+    check(self.num_heads % self.num_kv_heads == 0, "num_heads", self.num_heads,
+          f"a multiple of num_kv_heads={self.num_kv_heads} (grouped-query attention)")
+    check(self.head_dim % 2 == 0, "head_dim", self.head_dim,
+          "an even number (RoPE rotates pairs)")
+    check(self.topk_tokens % self.block_size == 0, "topk_tokens", self.topk_tokens,
+          f"a multiple of block_size={self.block_size}")
+    check(is_int(self.num_dense_layers) and 0 <= self.num_dense_layers <= self.num_layers,
+          "num_dense_layers", self.num_dense_layers, f"between 0 and num_layers={self.num_layers}")
+    check(is_int(self.d_ff) and (self.d_ff > 0 or self.num_dense_layers == 0), "d_ff",
+          self.d_ff, "a positive integer when num_dense_layers > 0")
+    for name in ("dtype", "param_dtype", "cache_dtype"):
+      one_of(getattr(self, name), name, DTYPES)
+    one_of(self.kernel_backend, "kernel_backend", KERNEL_BACKENDS)
+    expand_pattern(self.layer_pattern, self.num_layers)  # Bad letters fail here, not later.
+
+  @property
+  def layer_types(self) -> tuple[str, ...]:
+    """One letter per layer: layer_pattern repeated (and truncated) to num_layers."""
+    return expand_pattern(self.layer_pattern, self.num_layers)
 
   @property
   def num_selected_blocks(self) -> int:
@@ -109,7 +127,7 @@ class ModelSpec:
     return -(-self.max_seq_len // self.block_size)
 
   def is_moe_layer(self, layer: int) -> bool:
-    return self.num_experts > 0 and layer >= self.num_dense_layers
+    return self.moe.num_experts > 0 and layer >= self.num_dense_layers
 
   def replay_keys(self, layer: int) -> tuple[str, ...]:
     """What layer `layer` records in aux["layers"] and a replay can force: "experts" on
@@ -122,7 +140,7 @@ class ModelSpec:
 
   def all_dense(self) -> "ModelSpec":
     """The same model with every attention layer dense (F)."""
-    return self.replace(layer_types=("F",) * self.num_layers)
+    return self.replace(layer_pattern="F")
 
 
 def dense_pattern(pattern: str) -> str:
@@ -133,62 +151,23 @@ def dense_pattern(pattern: str) -> str:
 
 
 def expand_pattern(pattern: str, num_layers: int) -> tuple[str, ...]:
+  """`pattern` repeated (and truncated) to `num_layers` letters; a bad letter is a
+  FieldError naming layer_pattern (config.model.layer_pattern once `validate` adds the
+  path)."""
+  check(isinstance(pattern, str) and bool(pattern), "layer_pattern", pattern,
+        "letters of layer types, e.g. 'SSSG'")
   pattern = pattern.upper()
-  if not pattern:
-    raise ValueError("config.model.layer_pattern is empty; expected e.g. 'SSSG'.")
   bad = sorted(set(pattern) - set(LAYER_TYPES))
-  if bad:
-    raise ValueError(
-        f"config.model.layer_pattern={pattern!r} has unknown layer types {bad}; "
-        f"expected letters from {LAYER_TYPES} (S: sliding window, G: sparse, F: dense).")
+  check(not bad, "layer_pattern", pattern,
+        f"letters from {LAYER_TYPES} (S: sliding window, G: sparse, F: dense), not the "
+        f"unknown layer types {bad}")
   return tuple((pattern * (num_layers // len(pattern) + 1))[:num_layers])
 
 
-def _require(ok: bool, field: str, value, expected: str):
-  if not ok:
-    raise ValueError(f"config.model.{field}={value!r}: expected {expected}.")
+def default_model_config() -> ml_collections.ConfigDict:
+  return to_config_dict(ModelSpec())
 
 
-def validate(model_config: ml_collections.ConfigDict) -> ModelSpec:
-  """Checks `config.model` and returns its frozen spec."""
-  c = model_config
-  for field in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
-                "head_dim", "max_seq_len", "sliding_window", "block_size", "topk_tokens"):
-    v = c[field]
-    _require(isinstance(v, int) and v > 0, field, v, "a positive integer")
-  _require(c.num_heads % c.num_kv_heads == 0, "num_heads", c.num_heads,
-           f"a multiple of num_kv_heads={c.num_kv_heads} (grouped-query attention)")
-  _require(c.head_dim % 2 == 0, "head_dim", c.head_dim, "an even number (RoPE rotates pairs)")
-  _require(c.topk_tokens % c.block_size == 0, "topk_tokens", c.topk_tokens,
-           f"a multiple of block_size={c.block_size}")
-  _require(0 <= c.num_dense_layers <= c.num_layers, "num_dense_layers", c.num_dense_layers,
-           f"between 0 and num_layers={c.num_layers}")
-  _require(c.d_ff > 0 or c.num_dense_layers == 0, "d_ff", c.d_ff,
-           "a positive integer when num_dense_layers > 0")
-  m = c.moe
-  _require(m.num_experts >= 0, "moe.num_experts", m.num_experts, "0 (no MoE) or more")
-  if m.num_experts > 0:
-    _require(1 <= m.num_experts_per_token <= m.num_experts, "moe.num_experts_per_token",
-             m.num_experts_per_token, f"between 1 and moe.num_experts={m.num_experts}")
-    _require(m.d_ff_expert > 0, "moe.d_ff_expert", m.d_ff_expert, "a positive integer")
-  _require(m.num_shared_experts >= 0, "moe.num_shared_experts", m.num_shared_experts, ">= 0")
-  _require(m.gate in GATE_FUNCTIONS, "moe.gate", m.gate, f"one of {GATE_FUNCTIONS}")
-  for field in ("dtype", "param_dtype", "cache_dtype"):
-    _require(c[field] in DTYPES, field, c[field], f"one of {DTYPES}")
-  _require(c.kernel_backend in KERNEL_BACKENDS, "kernel_backend", c.kernel_backend,
-           f"one of {KERNEL_BACKENDS}")
-  layer_types = expand_pattern(c.layer_pattern, c.num_layers)
-  return ModelSpec(
-      vocab_size=c.vocab_size, d_model=c.d_model, num_layers=c.num_layers,
-      layer_types=layer_types, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
-      head_dim=c.head_dim, rope_theta=float(c.rope_theta), norm_eps=float(c.norm_eps),
-      tie_embeddings=bool(c.tie_embeddings), value_head=bool(c.value_head),
-      max_seq_len=c.max_seq_len,
-      sliding_window=c.sliding_window, block_size=c.block_size, topk_tokens=c.topk_tokens,
-      num_dense_layers=c.num_dense_layers, d_ff=c.d_ff, num_experts=m.num_experts,
-      num_experts_per_token=m.num_experts_per_token, d_ff_expert=m.d_ff_expert,
-      num_shared_experts=m.num_shared_experts, gate=m.gate, renormalize=bool(m.renormalize),
-      aux_loss_coef=float(m.aux_loss_coef), use_routing_bias=bool(m.use_routing_bias),
-      routing_bias_rate=float(m.routing_bias_rate), dtype=c.dtype, param_dtype=c.param_dtype,
-      cache_dtype=c.cache_dtype, kernel_backend=c.kernel_backend,
-      pallas_interpret=bool(c.pallas_interpret))
+def validate(model_config) -> ModelSpec:
+  """Checks `config.model` (a ConfigDict, or a built ModelSpec) and returns its spec."""
+  return from_config_dict(ModelSpec, model_config, "config.model")

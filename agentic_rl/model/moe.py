@@ -2,9 +2,9 @@
 
 Routing (router in float32, at HIGHEST matmul precision so TPUs do not drop to bf16):
   logits_bte = x @ w_router_de
-  scores     = softmax(logits) | sigmoid(logits)          (spec.gate)
+  scores     = softmax(logits) | sigmoid(logits)          (spec.moe.gate)
   experts    = top_k(scores + stop_gradient(routing_bias_e))  or the forced ones (replay)
-  gates      = scores[experts], renormalised to sum 1 if spec.renormalize
+  gates      = scores[experts], renormalised to sum 1 if spec.moe.renormalize
 The routing bias only moves the selection, never the gate values, so it gets no gradient;
 the learner updates it outside the gradient with `update_routing_bias`.
 
@@ -91,10 +91,10 @@ class MoEFeedForward(nn.Module):
       'expert_load' float32 [E] (fraction of valid assignments per expert),
       'aux_loss' float32 [] (coef * E * sum_e f_e * P_e over valid tokens).
     """
-    s = self.spec
-    num_experts, p, d_ff = s.num_experts, s.num_experts_per_token, s.d_ff_expert
+    s, m = self.spec, self.spec.moe
+    num_experts, p, d_ff = m.num_experts, m.num_experts_per_token, m.d_ff_expert
     if num_experts <= 0:
-      raise ValueError(f"MoEFeedForward needs spec.num_experts > 0, got {num_experts}.")
+      raise ValueError(f"MoEFeedForward needs spec.moe.num_experts > 0, got {num_experts}.")
     if x_btd.ndim != 3 or x_btd.shape[-1] != s.d_model:
       raise ValueError(f"MoEFeedForward: x_btd has shape {x_btd.shape}; expected "
                        f"[B, T, d_model={s.d_model}].")
@@ -117,9 +117,9 @@ class MoEFeedForward(nn.Module):
     logits_bte = jnp.einsum("btd,de->bte", x_btd.astype(jnp.float32),
                             w_router_de.astype(jnp.float32),
                             precision=jax.lax.Precision.HIGHEST)
-    scores_bte = router_scores(logits_bte, s.gate)
+    scores_bte = router_scores(logits_bte, m.gate)
     bias_e = None
-    if s.use_routing_bias:
+    if m.use_routing_bias:
       # float32 always: rate-1e-3 steps would vanish in a bf16 bias. Created under
       # replay too, so both paths share one param tree.
       bias_e = self.param("routing_bias_e", nn.initializers.zeros, (num_experts,),
@@ -139,7 +139,7 @@ class MoEFeedForward(nn.Module):
     # A forced id outside [0, E) would silently wrap or clip: make it NaN instead.
     in_range_btp = (experts_btp >= 0) & (experts_btp < num_experts)
     gates_btp = jnp.where(in_range_btp, gates_btp, jnp.nan)
-    if s.renormalize:
+    if m.renormalize:
       gates_btp = gates_btp / jnp.maximum(gates_btp.sum(-1, keepdims=True),
                                           jnp.finfo(jnp.float32).tiny)
 
@@ -162,8 +162,8 @@ class MoEFeedForward(nn.Module):
     y_btd = jnp.einsum("btpd,btp->btd", y_btpd.astype(jnp.float32), gates_btp,
                        precision=jax.lax.Precision.HIGHEST).astype(dtype)
 
-    if s.num_shared_experts > 0:
-      shared = DenseFeedForward(d_ff=s.num_shared_experts * d_ff, dtype=dtype,
+    if m.num_shared_experts > 0:
+      shared = DenseFeedForward(d_ff=m.num_shared_experts * d_ff, dtype=dtype,
                                 param_dtype=param_dtype, name="shared_experts")
       y_btd = y_btd + shared(x_btd)
 
@@ -173,13 +173,13 @@ class MoEFeedForward(nn.Module):
     valid_a = jnp.repeat(valid_bt.reshape(b * t), p)  # token-major, like experts_a
     assign_counts_e = jnp.bincount(experts_a, weights=valid_a, length=num_experts)
     expert_load_e = assign_counts_e / jnp.maximum(num_valid * p, 1.0)
-    if s.aux_loss_coef != 0.0:
+    if m.aux_loss_coef != 0.0:
       probs_bte = scores_bte
-      if s.gate == "sigmoid":
+      if m.gate == "sigmoid":
         probs_bte = probs_bte / probs_bte.sum(-1, keepdims=True)
       mean_prob_e = (probs_bte * valid_bt[..., None]).sum((0, 1)) / jnp.maximum(num_valid,
                                                                                   1.0)
-      aux_loss = s.aux_loss_coef * num_experts * jnp.sum(
+      aux_loss = m.aux_loss_coef * num_experts * jnp.sum(
           jax.lax.stop_gradient(expert_load_e) * mean_prob_e)
     else:
       aux_loss = jnp.zeros((), jnp.float32)

@@ -29,8 +29,8 @@ def param_counts(spec: ModelSpec) -> dict[str, int]:
     if _is_routed_expert(path):
       routed += n
   active = total - routed
-  if spec.num_experts:
-    active += routed * spec.num_experts_per_token // spec.num_experts
+  if spec.moe.num_experts:
+    active += routed * spec.moe.num_experts_per_token // spec.moe.num_experts
   return {"params_total": int(total), "params_active": int(active),
           "params_routed_experts": int(routed)}
 

@@ -165,15 +165,15 @@ def check_batch(batch: Batch, model_spec, rl_spec=None) -> None:
   if batch.replay is not None:
     need(len(batch.replay) == model_spec.num_layers, "replay",
          f"{len(batch.replay)} layer entries, the model has {model_spec.num_layers}")
-    k = model_spec.num_experts_per_token
+    k = model_spec.moe.num_experts_per_token
     for i, layer in enumerate(batch.replay):
       if "experts" in layer:
         e = np.asarray(layer["experts"])
         need(e.shape == (b, t, k), f"replay[{i}]['experts']",
              f"shape {e.shape}, expected {(b, t, k)}")
-        need(((e >= 0) & (e < model_spec.num_experts))[pos >= 0].all(),
+        need(((e >= 0) & (e < model_spec.moe.num_experts))[pos >= 0].all(),
              f"replay[{i}]['experts']",
-             f"ids on real tokens must lie in [0, num_experts={model_spec.num_experts})")
+             f"ids on real tokens must lie in [0, num_experts={model_spec.moe.num_experts})")
       if "blocks" in layer:
         bl = np.asarray(layer["blocks"])
         shape = (b, model_spec.num_kv_heads, t, model_spec.num_selected_blocks)

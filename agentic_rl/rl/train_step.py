@@ -174,10 +174,10 @@ def make_update(model, spec: RLSpec, *, donate: bool = False):
     finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
     updates, new_opt_state = optimizer.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
-    if model_spec.use_routing_bias:
+    if model_spec.moe.use_routing_bias:
       bias_aux = {"layers": tuple({} if l is None else {"expert_load": l} for l in loads)}
       new_params = transformer.update_routing_biases(new_params, bias_aux,
-                                                     model_spec.routing_bias_rate)
+                                                     model_spec.moe.routing_bias_rate)
     keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
     # The optimiser's schedule counts applied updates only (skipped ones keep its state).
     lr = schedule(state.step - state.skipped_steps)

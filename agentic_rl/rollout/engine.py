@@ -238,7 +238,7 @@ class RolloutEngine:
     self._layer_replay_keys = tuple(model.spec.replay_keys(i)
                                     for i in range(model.spec.num_layers))
     ms = model.spec
-    empty = {"experts": np.zeros((0, ms.num_experts_per_token), np.int32),
+    empty = {"experts": np.zeros((0, ms.moe.num_experts_per_token), np.int32),
              "blocks": np.zeros((ms.num_kv_heads, 0, ms.num_selected_blocks), np.int32)}
     # The replay of a trajectory with no tokens (a group that never started).
     self._empty_replay = tuple({k: empty[k] for k in keys} for keys in self._layer_replay_keys)

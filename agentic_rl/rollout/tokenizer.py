@@ -55,27 +55,17 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
-import ml_collections
-
 from agentic_rl import resources
+from agentic_rl.rollout import tokenizer_config
 
-SPECIAL_TOKENS: Mapping[str, str] = MappingProxyType({
-    "pad": "<|pad|>",
-    "bos": "<|bos|>",
-    "eos": "<|eos|>",
-    "system": "<|system|>",
-    "user": "<|user|>",
-    "assistant": "<|assistant|>",
-    "tool": "<|tool|>",
-    "end_turn": "<|end_turn|>",
-    "tool_call_start": "<tool_call>",
-    "tool_call_end": "</tool_call>",
-})
+# The default special tokens, defined once as config.tokenizer.special_tokens' defaults; the
+# byte tokenizer numbers them in this order.
+SPECIAL_TOKENS: Mapping[str, str] = MappingProxyType(
+    tokenizer_config.SpecialTokensSpec().as_dict())
 ROLES = ("system", "user", "assistant", "tool")
 # Roles whose text is parsed for special tokens by default (see module docstring).
 _ROLES_PARSING_SPECIALS = frozenset({"system", "assistant"})
 REPLACEMENT_CHAR = "\ufffd"
-TOKENIZER_KINDS = ("byte", "hf")
 
 
 @runtime_checkable
@@ -479,54 +469,16 @@ def _merge_special_tokens(overrides: Mapping[str, str] | None,
 
 
 # ---------------------------------------------------------------------------
-# Config.
-
-_CONFIG_FIELDS = ("kind", "path", "special_tokens")
+# Config (the section itself is tokenizer_config.py).
 
 
-def default_tokenizer_config() -> ml_collections.ConfigDict:
-  """config.tokenizer: the byte tokenizer; kind='hf' with path loads a tokenizer.json."""
-  c = ml_collections.ConfigDict()
-  c.kind = "byte"  # 'byte' | 'hf'
-  c.path = ""  # hf: a tokenizer.json, or a directory holding one.
-  # hf: our special-token name -> the file's added-token string.
-  c.special_tokens = ml_collections.ConfigDict(dict(SPECIAL_TOKENS))
-  return c
-
-
-def make_tokenizer(config: ml_collections.ConfigDict) -> ChatTokenizer:
-  """Builds the tokenizer `config.tokenizer` describes; errors name the field."""
-  prefix = "config.tokenizer"
-  unknown = sorted(set(config.keys()) - set(_CONFIG_FIELDS))
-  if unknown:
-    raise ValueError(f"{prefix} has unknown fields {unknown}; expected fields {_CONFIG_FIELDS}.")
-  if "kind" not in config:
-    raise ValueError(f"{prefix}.kind is missing; expected one of {TOKENIZER_KINDS}.")
-  kind = config.kind
-  path = config.get("path", "")
-  special_tokens = config.get("special_tokens", None)
-  if isinstance(special_tokens, ml_collections.ConfigDict):
-    special_tokens = special_tokens.to_dict()
-  if special_tokens is not None and not isinstance(special_tokens, Mapping):
-    raise ValueError(f"{prefix}.special_tokens={special_tokens!r}: expected a mapping from "
-                     f"names in {tuple(SPECIAL_TOKENS)} to token strings.")
-
-  if kind == "byte":
-    if path:
-      raise ValueError(f"{prefix}.path={path!r} is only used with kind='hf'; "
-                       "the byte tokenizer has no file (set path='').")
-    if special_tokens is not None and \
-        _merge_special_tokens(special_tokens, f"{prefix}.special_tokens") != dict(SPECIAL_TOKENS):
-      raise ValueError(f"{prefix}.special_tokens differs from the byte tokenizer's fixed "
-                       "special tokens; it is only configurable with kind='hf'.")
+def make_tokenizer(config) -> ChatTokenizer:
+  """Builds the tokenizer `config.tokenizer` describes (a ConfigDict or a TokenizerSpec);
+  errors name the field."""
+  spec = tokenizer_config.validate_tokenizer_config(config)
+  if spec.kind == "byte":
     return ByteTokenizer()
-  if kind == "hf":
-    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-      raise ValueError(f"{prefix}.path={path!r}: expected the path of a tokenizer.json "
-                       "(or of a directory holding one) when kind='hf'.")
-    resolved = resources.resolve(path)
-    if not (os.path.isfile(resolved) or os.path.isfile(os.path.join(resolved, "tokenizer.json"))):
-      raise ValueError(f"{prefix}.path={path!r}: no tokenizer.json at {resolved}.")
-    merged = _merge_special_tokens(special_tokens, f"{prefix}.special_tokens")
-    return HFTokenizer.from_file(resolved, merged)
-  raise ValueError(f"{prefix}.kind={kind!r}: expected one of {TOKENIZER_KINDS}.")
+  resolved = resources.resolve(spec.path)
+  if not (os.path.isfile(resolved) or os.path.isfile(os.path.join(resolved, "tokenizer.json"))):
+    raise ValueError(f"config.tokenizer.path={spec.path!r}: no tokenizer.json at {resolved}.")
+  return HFTokenizer.from_file(resolved, spec.special_tokens.as_dict())

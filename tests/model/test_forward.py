@@ -56,7 +56,7 @@ def test_forward_contract(recorded):
   assert len(aux["layers"]) == SPEC.num_layers
   assert "experts" not in aux["layers"][0]  # layer 0 is dense
   for i in (1, 2):
-    assert aux["layers"][i]["experts"].shape == (2, T, SPEC.num_experts_per_token)
+    assert aux["layers"][i]["experts"].shape == (2, T, SPEC.moe.num_experts_per_token)
   assert aux["layers"][1]["blocks"].shape == (2, SPEC.num_kv_heads, T,
                                               SPEC.num_selected_blocks)
   assert check_block_causality(SPEC, aux, POS) == 1

@@ -71,7 +71,7 @@ def compute_golden() -> dict:
   return {
       "model": {"layer_types": "".join(spec.layer_types), "num_dense_layers": 1,
                 "d_model": spec.d_model, "vocab_size": spec.vocab_size,
-                "num_experts": spec.num_experts, "sliding_window": spec.sliding_window,
+                "num_experts": spec.moe.num_experts, "sliding_window": spec.sliding_window,
                 "block_size": spec.block_size, "topk_tokens": spec.topk_tokens,
                 "param_seed": 0, "token_seed": 1, "lengths": LENGTHS},
       "logits": {"sum": float(flat.sum()), "sum_sq": float(np.sum(flat ** 2)),

@@ -78,26 +78,26 @@ def np_moe(p, x_btd, spec, forced=None, bias=None):
   p = jax.tree.map(lambda a: np.asarray(a, np.float64), p)
   x = np.asarray(x_btd, np.float64)
   b, t, d = x.shape
-  scores = np_scores(x, p["w_router_de"], spec.gate)
+  scores = np_scores(x, p["w_router_de"], spec.moe.gate)
   if forced is None:
     sel = scores if bias is None else scores + np.asarray(bias, np.float64)
-    experts = np_topk(sel, spec.num_experts_per_token)
+    experts = np_topk(sel, spec.moe.num_experts_per_token)
   else:
     experts = np.asarray(forced)
   gates = np.take_along_axis(scores, experts, axis=-1)
-  if spec.renormalize:
+  if spec.moe.renormalize:
     gates = gates / gates.sum(-1, keepdims=True)
   x_nd = x.reshape(-1, d)
   experts_nk = experts.reshape(b * t, -1)
   gates_nk = gates.reshape(b * t, -1)
   y = np.zeros_like(x_nd)
-  for e in range(spec.num_experts):
+  for e in range(spec.moe.num_experts):
     tok, slot = np.nonzero(experts_nk == e)
     if tok.size == 0:
       continue
     out = np_swiglu(x_nd[tok], p["w_gate_edf"][e], p["w_up_edf"][e], p["w_down_efd"][e])
     np.add.at(y, tok, gates_nk[tok, slot][:, None] * out)
-  if spec.num_shared_experts:
+  if spec.moe.num_shared_experts:
     sp = p["shared_experts"]
     y = y + np_swiglu(x_nd, sp["w_gate_df"], sp["w_up_df"], sp["w_down_fd"])
   return y.reshape(b, t, d), experts, gates
@@ -328,7 +328,7 @@ def test_aux_loss_hand_computed_example():
   _, aux_u = module.apply(params, x, valid)
   np.testing.assert_allclose(float(aux_u["aux_loss"]), 0.5, rtol=1e-6)
   # Coefficient 0 turns it off.
-  spec0 = spec.replace(aux_loss_coef=0.0)
+  spec0 = spec.replace(moe=spec.moe.replace(aux_loss_coef=0.0))
   _, aux0 = MoEFeedForward(spec0).apply(params, x, valid)
   assert float(aux0["aux_loss"]) == 0.0
 

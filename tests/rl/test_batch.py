@@ -19,7 +19,7 @@ def _good(**changes):
   positions = np.array([[0, 1, 2, 3, 4, 5], [0, 1, 2, -1, -1, -1]])
   keep = np.zeros((B, T, SPEC.vocab_size), bool)
   keep[np.arange(B)[:, None], np.arange(T)[None], tokens] = True
-  experts = np.zeros((B, T, SPEC.num_experts_per_token), np.int32)
+  experts = np.zeros((B, T, SPEC.moe.num_experts_per_token), np.int32)
   experts[..., 1] = 1
   blocks = np.zeros((B, SPEC.num_kv_heads, T, SPEC.num_selected_blocks), np.int32)
   kw = dict(tokens_bt=tokens, positions_bt=positions, loss_mask_bt=mask,

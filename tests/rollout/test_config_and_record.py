@@ -83,7 +83,7 @@ def build_trajectory(spec, *, prompt, turns, tool_len, rng):
     b.end_turn(config_lib.TURN_STOP)
     b.record_step(0.25 * (i + 1), {"tool": "say"})
   n = b.length
-  k, kv, n_sel = spec.num_experts_per_token, spec.num_kv_heads, spec.num_selected_blocks
+  k, kv, n_sel = spec.moe.num_experts_per_token, spec.num_kv_heads, spec.num_selected_blocks
   replay = ({}, {"experts": rng.integers(0, 4, (1, n, k)),
                  "blocks": rng.integers(-1, 3, (1, kv, n, n_sel))},
             {"experts": rng.integers(0, 4, (1, n, k))})
