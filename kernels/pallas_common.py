@@ -94,13 +94,21 @@ def scores(q_rh, k_lh, mode: str):
   return jnp.sum(q_rh[:, None, :] * k_lh[None, :, :], axis=-1)
 
 
-def weighted_values(p_rl, v_lh, mode: str):
-  """p_rl @ v_lh in float32 -> [R, H]."""
+def weighted_values(p_rl, mask_rl, v_lh, mode: str):
+  """p_rl @ v_lh in float32 -> [R, H], with masked keys selected out, not multiplied by a
+  zero weight: a non-finite value (a stale slot, a padded key) reaches exactly the rows
+  that see it (NaN there, as in the reference) and no other row of the tile."""
+  # Float max-reductions: Triton lowers no boolean reduce. NaN fails `< inf` too.
+  bad_l1 = jnp.max(jnp.where(jnp.abs(v_lh) < jnp.inf, 0.0, 1.0), axis=1, keepdims=True) > 0
+  v_lh = jnp.where(bad_l1, 0.0, v_lh)
   if mode == "dot":
-    return jax.lax.dot_general(p_rl, v_lh, (((1,), (0,)), ((), ())),
-                               precision=jax.lax.Precision.HIGHEST,
-                               preferred_element_type=jnp.float32)
-  return jnp.sum(p_rl[:, :, None] * v_lh[None, :, :], axis=1)
+    out_rh = jax.lax.dot_general(p_rl, v_lh, (((1,), (0,)), ((), ())),
+                                 precision=jax.lax.Precision.HIGHEST,
+                                 preferred_element_type=jnp.float32)
+  else:
+    out_rh = jnp.sum(p_rl[:, :, None] * v_lh[None, :, :], axis=1)
+  sees_bad_r1 = jnp.max(jnp.where(mask_rl & bad_l1.T, 1.0, 0.0), axis=1, keepdims=True) > 0
+  return jnp.where(sees_bad_r1, jnp.nan, out_rh)
 
 
 def softmax_init(rows: int, head_dim: int):
@@ -123,7 +131,7 @@ def softmax_step(carry, scores_rl, mask_rl, v_lh, mode: str):
   p_rl = jnp.where(mask_rl, jnp.exp(scores_rl - shift), 0.0)
   correction = jnp.exp(m_r1 - shift)
   l_new = correction * l_r1 + jnp.sum(p_rl, axis=1, keepdims=True)
-  acc_new = correction * acc_rh + weighted_values(p_rl, v_lh, mode)
+  acc_new = correction * acc_rh + weighted_values(p_rl, mask_rl, v_lh, mode)
   return acc_new, m_new, l_new
 
 

@@ -167,6 +167,44 @@ def test_block_sparse_matches_reference(matmul):
   _assert_matches(out, ref, _sparse_visibility(blocks, q_pos, k.shape[1], bs))
 
 
+@pytest.mark.parametrize("matmul", ["dot", "broadcast"])
+def test_a_non_finite_key_or_value_reaches_only_the_rows_that_see_it(matmul):
+  """NaN in an empty ring slot (position -1) and in a future key: masked out by select,
+  so no other row of the tile turns NaN, as in the reference (a zero weight times NaN
+  would poison every row of the tile)."""
+  q_pos, k_pos = _sequence_positions()
+  q, k, v = _qkv(3, 4, 19, 19, 4, 2, 8)
+  k, v = np.array(k), np.array(v)
+  v[1, 16] = np.nan  # Row 1's padded key (position -1): no query sees it.
+  k[1, 17] = np.nan
+  v[0, 9] = np.nan  # Row 0's key at position 9: queries 9.. see it, 0..8 must not.
+  k, v = jnp.asarray(k), jnp.asarray(v)
+  out = np.asarray(_flash(q, k, v, q_pos, k_pos, None, matmul))
+  ref = np.asarray(reference.causal_attention(q, k, v, q_pos, k_pos))
+  sees_nan_bt = np.zeros(q_pos.shape, bool)
+  sees_nan_bt[0, 9:] = True
+  assert np.isnan(ref[sees_nan_bt]).all() and np.isnan(out[sees_nan_bt]).all()
+  np.testing.assert_allclose(out[~sees_nan_bt], ref[~sees_nan_bt], atol=ATOL, rtol=0)
+  assert np.isfinite(out[~sees_nan_bt]).all()
+
+  q, k, v, blocks, q_pos, bs = _sparse_case()
+  v = np.array(v)
+  v[0, 12] = np.nan  # In block 1 of row 0: only queries that selected block 1 see it.
+  v = jnp.asarray(v)
+  out = np.asarray(jax.jit(functools.partial(
+      pallas_block_sparse.block_sparse_attention, block_size=bs, interpret=True,
+      matmul=matmul))(q, k, v, blocks, q_pos))
+  ref = np.asarray(reference.block_sparse_attention(q, k, v, blocks, q_pos, block_size=bs))
+  token_mask = np.asarray(reference.blocks_to_token_mask(blocks, q_pos, k.shape[1],
+                                                         block_size=bs))  # [B, K, T, S]
+  sees_nan_bkt = token_mask[..., 12] & (np.arange(2) == 0)[:, None, None]
+  sees_nan_btnh = np.repeat(np.moveaxis(sees_nan_bkt, 1, 2), q.shape[2] // k.shape[2],
+                            axis=2)[..., None] & np.ones(q.shape, bool)
+  assert sees_nan_btnh.any() and (~sees_nan_btnh).any()
+  assert np.isnan(out[sees_nan_btnh]).all() and np.isnan(ref[sees_nan_btnh]).all()
+  np.testing.assert_allclose(out[~sees_nan_btnh], ref[~sees_nan_btnh], atol=ATOL, rtol=0)
+
+
 def test_block_sparse_tpu_prefetch_variant_in_tpu_interpret_mode():
   """Selected through make_ops' flag; interpret=True maps to TPU interpret mode."""
   ops = pallas_ops.make_ops(interpret=True, block_sparse_impl="tpu_prefetch")
