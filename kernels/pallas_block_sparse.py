@@ -24,6 +24,7 @@ block and l a token within it, j a selection slot, g group, h head dim (hp padde
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -76,6 +77,34 @@ def check_block_sparse_inputs(q_btnh, k_bskh, v_bskh, blocks_bktj, q_pos_bt, blo
     raise ValueError(f"q_pos {q_pos_bt.shape}: expected [B, T] = [{b}, {t}].")
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockLayout:
+  """What both block-sparse kernels (this one and the TPU prefetch variant) feed their
+  grid: queries grouped per kv head and padded, keys and values cut into blocks."""
+  gp: int  # Query heads per kv head, padded to a power of two.
+  hp: int  # head_dim, padded.
+  num_blocks: int
+  q_bktgh: jax.Array
+  k_bkclh: jax.Array
+  v_bkclh: jax.Array
+
+
+def block_layout(q_btnh, k_bskh, v_bskh, block_size: int) -> BlockLayout:
+  b, _, n, h = q_btnh.shape
+  s, num_kv_heads = k_bskh.shape[1], k_bskh.shape[2]
+  gp = pc.next_pow2(n // num_kv_heads)
+  hp = pc.padded_head_dim(h)
+  sp = pc.round_up(s, block_size)
+  num_blocks = sp // block_size
+
+  def blocked(x_bskh):
+    return pc.kv_heads_major(x_bskh, hp, sp).reshape(b, num_kv_heads, num_blocks,
+                                                     block_size, hp)
+
+  return BlockLayout(gp, hp, num_blocks, pc.group_queries(q_btnh, num_kv_heads, gp, hp),
+                     blocked(k_bskh), blocked(v_bskh))
+
+
 def block_sparse_attention(q_btnh, k_bskh, v_bskh, blocks_bktj, q_pos_bt, *, block_size,
                            interpret=False, platform=None, matmul="auto"):
   """Attention over the selected key blocks only; reference semantics.
@@ -86,20 +115,12 @@ def block_sparse_attention(q_btnh, k_bskh, v_bskh, blocks_bktj, q_pos_bt, *, blo
   check_block_sparse_inputs(q_btnh, k_bskh, v_bskh, blocks_bktj, q_pos_bt, block_size)
   platform = pc.resolve_platform(platform, interpret)
   b, t, n, h = q_btnh.shape
-  s, num_kv_heads = k_bskh.shape[1], k_bskh.shape[2]
+  num_kv_heads = k_bskh.shape[2]
   num_slots = blocks_bktj.shape[-1]
-  gp = pc.next_pow2(n // num_kv_heads)
-  hp = pc.padded_head_dim(h)
-  sp = pc.round_up(s, block_size)
-  num_blocks = sp // block_size
+  layout = block_layout(q_btnh, k_bskh, v_bskh, block_size)
+  gp, hp, num_blocks = layout.gp, layout.hp, layout.num_blocks
   mode = pc.resolve_matmul(matmul, platform, gp, block_size, hp)
-
-  q_bktgh = pc.group_queries(q_btnh, num_kv_heads, gp, hp)
   qpos_btg1 = jnp.broadcast_to(q_pos_bt.astype(jnp.int32)[:, :, None, None], (b, t, gp, 1))
-  k_bkclh = pc.kv_heads_major(k_bskh, hp, sp).reshape(b, num_kv_heads, num_blocks,
-                                                      block_size, hp)
-  v_bkclh = pc.kv_heads_major(v_bskh, hp, sp).reshape(b, num_kv_heads, num_blocks,
-                                                      block_size, hp)
   blocks_bkt1j = blocks_bktj.astype(jnp.int32)[:, :, :, None, :]
 
   kernel = functools.partial(_block_sparse_kernel, block_size=block_size,
@@ -123,5 +144,5 @@ def block_sparse_attention(q_btnh, k_bskh, v_bskh, blocks_bktj, q_pos_bt, *, blo
       compiler_params=pc.compiler_params(platform, interpret,
                                          ("parallel", "parallel", "parallel")),
       name="block_sparse_attention",
-  )(blocks_bkt1j, q_bktgh, qpos_btg1, k_bkclh, v_bkclh)
+  )(blocks_bkt1j, layout.q_bktgh, qpos_btg1, layout.k_bkclh, layout.v_bkclh)
   return pc.ungroup_outputs(o_bktgh, t, n, h)

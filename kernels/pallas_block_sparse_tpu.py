@@ -80,20 +80,12 @@ def block_sparse_attention(q_btnh, k_bskh, v_bskh, blocks_bktj, q_pos_bt, *, blo
   if interpret is True:
     interpret = pltpu.InterpretParams()
   b, t, n, h = q_btnh.shape
-  s, num_kv_heads = k_bskh.shape[1], k_bskh.shape[2]
+  num_kv_heads = k_bskh.shape[2]
   num_slots = blocks_bktj.shape[-1]
-  gp = pc.next_pow2(n // num_kv_heads)
-  hp = pc.padded_head_dim(h)
-  sp = pc.round_up(s, block_size)
-  num_blocks = sp // block_size
-
+  layout = pallas_block_sparse.block_layout(q_btnh, k_bskh, v_bskh, block_size)
+  gp, hp = layout.gp, layout.hp
   blocks_bktj = blocks_bktj.astype(jnp.int32)
-  fetch_bktj = _fetch_indices(blocks_bktj, num_blocks)
-  q_bktgh = pc.group_queries(q_btnh, num_kv_heads, gp, hp)
-  k_bkclh = pc.kv_heads_major(k_bskh, hp, sp).reshape(b, num_kv_heads, num_blocks,
-                                                      block_size, hp)
-  v_bkclh = pc.kv_heads_major(v_bskh, hp, sp).reshape(b, num_kv_heads, num_blocks,
-                                                      block_size, hp)
+  fetch_bktj = _fetch_indices(blocks_bktj, layout.num_blocks)
 
   def flat_slot(i, kv, r, j):
     return ((i * num_kv_heads + kv) * t + r) * num_slots + j
@@ -124,5 +116,5 @@ def block_sparse_attention(q_btnh, k_bskh, v_bskh, blocks_bktj, q_pos_bt, *, blo
           dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
       name="block_sparse_attention_tpu",
   )(blocks_bktj.reshape(-1), fetch_bktj.reshape(-1), q_pos_bt.astype(jnp.int32).reshape(-1),
-    q_bktgh, k_bkclh, v_bkclh)
+    layout.q_bktgh, layout.k_bkclh, layout.v_bkclh)
   return pc.ungroup_outputs(o_bktgh, t, n, h)

@@ -365,6 +365,7 @@ def _generate_task(seed, tier, split, config) -> SweTask:
   n_total = t.num_functions + t.num_distractors
   if n_total > len(TEMPLATES):
     raise ValueError(f"tier {tier!r} needs {n_total} functions; only {len(TEMPLATES)} templates")
+  # One rng drives every choice below, in this order: the task is a function of (tier, seed).
   rng = random.Random(f"swe:{tier}:{seed}")
   module = rng.choice(_MODULE_NAMES)
   names = _Names(rng, {module, f"test_{module}", "want", "self", "unittest"})
@@ -374,70 +375,26 @@ def _generate_task(seed, tier, split, config) -> SweTask:
   tested, distractors = fns[: t.num_functions], fns[t.num_functions:]
   order = list(range(n_total))
   rng.shuffle(order)
-
-  # Cases for every tested function; expected values from the correct version.
-  pools = {}
-  for f in tested:
-    correct = _compile(f.source, f.name)
-    pool = []
-    for args in _case_pool(f, rng):
-      kind, value = _outcome(correct, args)
-      if kind == "ok" and _literal_ok(value) and all(_literal_ok(a) for a in args):
-        pool.append((args, value))
-    pools[f.name] = pool
+  pools = {f.name: _correct_case_pool(f, rng) for f in tested}
 
   buggy_names = [f.name for f in rng.sample(tested, t.num_bugs)]
   bug_sources, bugs_by_fn, cases, hidden_pools = {}, {}, {}, {}
-  families = list(config.bug_families)
   for f in tested:
     pool = pools[f.name]
     if f.name not in buggy_names:
       cases[f.name] = rng.sample(pool, min(t.cases_per_function, len(pool)))
       hidden_pools[f.name] = _outside(pool, cases[f.name])
       continue
-    fam_order = families[:]
-    rng.shuffle(fam_order)
-    chosen = None
-    for fam in fam_order:
-      options = list(mutations.mutated_sources(f.source, expert=False, family=fam))
-      rng.shuffle(options)
-      for m, line, old, new in options:
-        buggy_src = "\n".join(new if i == line else s for i, s in enumerate(f.source.split("\n")))
-        try:
-          buggy = _compile(buggy_src, f.name)
-        except SyntaxError:
-          continue
-        catching = [c for c in pool if not _passes_case(buggy, c[0], c[1])]
-        if not catching:
-          continue
-        cs = _draw_with_catching(rng, pool, catching, t.cases_per_function)
-        settled = _settled_cases(buggy_src, f.name, cs, pool)
-        if not any(c in catching for c in settled):  # No hidden case could catch this bug.
-          continue
-        chosen = (fam, line, old, new, buggy_src, cs, settled)
-        break
-      if chosen:
-        break
+    chosen = _plant_bug(f, pool, rng, list(config.bug_families), t.cases_per_function)
     if chosen is None:
       raise RuntimeError(f"no detectable bug for {f.name} (seed {seed}, tier {tier})")
-    fam, line, old, new, buggy_src, cs, settled = chosen
-    cases[f.name] = cs
-    hidden_pools[f.name] = settled
+    fam, line, old, new, buggy_src, cases[f.name], hidden_pools[f.name] = chosen
     bug_sources[f.name] = buggy_src
     bugs_by_fn[f.name] = (fam, line, old, new)
 
-  # The module: functions in shuffled order, one blank line apart.
-  module_sources, bugs, lineno = [], [], 1
-  for k in order:
-    f = fns[k]
-    src = bug_sources.get(f.name, f.source)
-    if f.name in bugs_by_fn:
-      fam, line, old, new = bugs_by_fn[f.name]
-      bugs.append(Bug(f.name, fam, lineno + line, old, new))
-    module_sources.append(src)
-    lineno += src.count("\n") + 2
-  module_text = "\n\n".join(module_sources) + "\n"
-  tested_in_order = [fns[k] for k in order if fns[k] in tested]
+  in_order = [fns[k] for k in order]
+  module_text, bugs = _module_text(in_order, bug_sources, bugs_by_fn)
+  tested_in_order = [f for f in in_order if f in tested]
   test_text = (f"import unittest\nfrom {module} import {', '.join(f.name for f in tested_in_order)}"
                f"\n\n\nclass Test{module.title().replace('_', '')}(unittest.TestCase):\n"
                + "\n".join(_render_test_method(f, cases[f.name]) for f in tested_in_order))
@@ -456,13 +413,64 @@ def _generate_task(seed, tier, split, config) -> SweTask:
       files={mod_path: module_text, test_path: test_text}, editable=(mod_path,),
       allowlist=tuple(t.allowlist), num_tests=num_tests, initial_passed=passed,
       functions=tuple(f.name for f in tested_in_order),
-      distractors=tuple(fns[k].name for k in order if fns[k] in distractors),
+      distractors=tuple(f.name for f in in_order if f in distractors),
       bugs=tuple(sorted(bugs, key=lambda b: b.line)),
       cases=tuple(Case(f.name, tuple(args), want) for f in tested_in_order
                   for args, want in cases[f.name]),
       hidden_cases=tuple(Case(f.name, tuple(args), want) for f in tested_in_order
                          for args, want in hidden[f.name]),
       hidden_initial_passed=hidden_passed)
+
+
+def _correct_case_pool(f: _Function, rng: random.Random) -> list:
+  """Cases of `f` with expected values from its correct version (literal, no error)."""
+  correct = _compile(f.source, f.name)
+  pool = []
+  for args in _case_pool(f, rng):
+    kind, value = _outcome(correct, args)
+    if kind == "ok" and _literal_ok(value) and all(_literal_ok(a) for a in args):
+      pool.append((args, value))
+  return pool
+
+
+def _plant_bug(f: _Function, pool: list, rng: random.Random, families: list,
+               cases_per_function: int):
+  """(family, line, old, new, buggy source, visible cases, hidden pool) of a one-line bug
+  in `f` that a visible case and some hidden case both catch, or None. Families are tried
+  in a random order, each family's mutations in a random order."""
+  rng.shuffle(families)
+  for fam in families:
+    options = list(mutations.mutated_sources(f.source, expert=False, family=fam))
+    rng.shuffle(options)
+    for _, line, old, new in options:
+      buggy_src = "\n".join(new if i == line else s for i, s in enumerate(f.source.split("\n")))
+      try:
+        buggy = _compile(buggy_src, f.name)
+      except SyntaxError:
+        continue
+      catching = [c for c in pool if not _passes_case(buggy, c[0], c[1])]
+      if not catching:
+        continue
+      cs = _draw_with_catching(rng, pool, catching, cases_per_function)
+      settled = _settled_cases(buggy_src, f.name, cs, pool)
+      if not any(c in catching for c in settled):  # No hidden case could catch this bug.
+        continue
+      return fam, line, old, new, buggy_src, cs, settled
+  return None
+
+
+def _module_text(fns_in_order: list, bug_sources: dict, bugs_by_fn: dict
+                 ) -> tuple[str, list]:
+  """The module (functions one blank line apart, bugs planted) and its bugs' lines."""
+  sources, bugs, lineno = [], [], 1
+  for f in fns_in_order:
+    src = bug_sources.get(f.name, f.source)
+    if f.name in bugs_by_fn:
+      fam, line, old, new = bugs_by_fn[f.name]
+      bugs.append(Bug(f.name, fam, lineno + line, old, new))
+    sources.append(src)
+    lineno += src.count("\n") + 2
+  return "\n\n".join(sources) + "\n", bugs
 
 
 def _settled_cases(buggy_src: str, name: str, visible, pool) -> list:

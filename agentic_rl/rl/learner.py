@@ -105,22 +105,7 @@ def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, s
 
   sums = {}
   if spec.uses_values:
-    values_bt = out["values_bt"]
-    if values_bt is None:
-      raise ValueError("advantage.estimator='gae' needs the model's value head: set "
-                       "config.model.value_head=True.")
-    values_bt = jnp.where(on_bt, values_bt, 0.0)
-    old_values_bt = (jax.lax.stop_gradient(values_bt) if batch.old_values_bt is None
-                     else jnp.where(on_bt, batch.old_values_bt, 0.0))
-    adv_bt, returns_bt = adv_lib.gae_advantages(batch.rewards_b, batch.process_reward_bt,
-                                                old_values_bt, mask_bt, gamma=spec.advantage.gamma,
-                                                lam=spec.advantage.gae_lambda)
-    v_loss = objectives.aggregate(
-        objectives.value_loss(values_bt, returns_bt, old_values_bt, spec.loss.value_clip),
-        mask_bt, spec.loss.aggregation, norms)
-    sums["value_loss"] = v_loss
-    sums["value_sum"] = jnp.sum(jnp.where(on_bt, values_bt, 0.0))
-    sums["return_sum"] = jnp.sum(returns_bt)
+    adv_bt, v_loss, sums = _critic_terms(out["values_bt"], batch, norms, spec)
   else:
     v_loss = 0.0
   adv_bt = jax.lax.stop_gradient(adv_bt)
@@ -139,17 +124,7 @@ def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, s
   loss = pg_loss - spec.loss.entropy_coef * entropy + spec.loss.value_coef * v_loss
 
   if spec.loss.kl_coef > 0.0:
-    if batch.ref_logp_bt is not None:
-      ref_logp_bt = batch.ref_logp_bt
-    elif ref_params is not None:
-      ref_logp_bt = policy_outputs(model, ref_params, batch, spec)["logp_bt"]
-    else:
-      raise ValueError("config.rl.loss.kl_coef > 0 needs the reference policy: pass "
-                       "ref_params to init_train_state, or fill Batch.ref_logp_bt.")
-    ref_logp_bt = jnp.where(on_bt, jax.lax.stop_gradient(ref_logp_bt), 0.0)
-    kl = objectives.aggregate(objectives.kl_to_reference(logp_bt, ref_logp_bt,
-                                                         spec.loss.kl_estimator),
-                              mask_bt, spec.loss.aggregation, norms)
+    kl = _kl_to_reference(logp_bt, ref_params, batch, norms, model=model, spec=spec)
     loss = loss + spec.loss.kl_coef * kl
     sums["kl_to_ref"] = kl
 
@@ -165,21 +140,65 @@ def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, s
       "reward_sum": jnp.sum(batch.rewards_b * adv_lib.sequence_valid(mask_bt)),
       **corr_sums,
   })
-  stats_kw = dict(num_turns=spec.max_turns, num_position_buckets=spec.mismatch.num_position_buckets,
-                  max_position=model.spec.max_seq_len)
-  for k, v in mismatch.logprob_mismatch_sums(
-      learner_old_bt, sampler_logp_bt, mask_bt, batch.turn_index_bt, batch.positions_bt,
-      ratio_low=spec.mismatch.ratio_low, ratio_high=spec.mismatch.ratio_high,
-      **stats_kw).items():
-    sums[f"mm/{k}"] = v
-  if batch.replay is not None:
-    for k, v in mismatch.selection_agreement_sums(
-        out["aux"]["layers"], batch.replay, batch.positions_bt, batch.turn_index_bt,
-        **stats_kw).items():
-      sums[f"mm/{k}"] = v
+  sums.update(_mismatch_sums(learner_old_bt, sampler_logp_bt, out["aux"]["layers"], batch,
+                             model=model, spec=spec))
   sums = jax.tree.map(jax.lax.stop_gradient, sums)
   loads = tuple(layer.get("expert_load") for layer in out["aux"]["layers"])
   return loss, (sums, jax.lax.stop_gradient(loads))
+
+
+def _critic_terms(values_bt, batch: Batch, norms, spec: RLSpec):
+  """(GAE advantages, value loss, critic sums) from the value head's read-out."""
+  if values_bt is None:
+    raise ValueError("advantage.estimator='gae' needs the model's value head: set "
+                     "config.model.value_head=True.")
+  mask_bt = batch.loss_mask_bt
+  on_bt = mask_bt > 0
+  values_bt = jnp.where(on_bt, values_bt, 0.0)
+  old_values_bt = (jax.lax.stop_gradient(values_bt) if batch.old_values_bt is None
+                   else jnp.where(on_bt, batch.old_values_bt, 0.0))
+  adv_bt, returns_bt = adv_lib.gae_advantages(batch.rewards_b, batch.process_reward_bt,
+                                              old_values_bt, mask_bt, gamma=spec.advantage.gamma,
+                                              lam=spec.advantage.gae_lambda)
+  v_loss = objectives.aggregate(
+      objectives.value_loss(values_bt, returns_bt, old_values_bt, spec.loss.value_clip),
+      mask_bt, spec.loss.aggregation, norms)
+  sums = {"value_loss": v_loss, "value_sum": jnp.sum(jnp.where(on_bt, values_bt, 0.0)),
+          "return_sum": jnp.sum(returns_bt)}
+  return adv_bt, v_loss, sums
+
+
+def _kl_to_reference(logp_bt, ref_params, batch: Batch, norms, *, model, spec: RLSpec):
+  """The aggregated KL to the frozen reference: its log-probs from the batch when filled,
+  else scored here with `ref_params`."""
+  on_bt = batch.loss_mask_bt > 0
+  if batch.ref_logp_bt is not None:
+    ref_logp_bt = batch.ref_logp_bt
+  elif ref_params is not None:
+    ref_logp_bt = policy_outputs(model, ref_params, batch, spec)["logp_bt"]
+  else:
+    raise ValueError("config.rl.loss.kl_coef > 0 needs the reference policy: pass "
+                     "ref_params to init_train_state, or fill Batch.ref_logp_bt.")
+  ref_logp_bt = jnp.where(on_bt, jax.lax.stop_gradient(ref_logp_bt), 0.0)
+  return objectives.aggregate(objectives.kl_to_reference(logp_bt, ref_logp_bt,
+                                                         spec.loss.kl_estimator),
+                              batch.loss_mask_bt, spec.loss.aggregation, norms)
+
+
+def _mismatch_sums(learner_old_bt, sampler_logp_bt, layers_aux, batch: Batch, *, model,
+                   spec: RLSpec) -> dict:
+  """mm/*: sampler-vs-learner log-prob mismatch and, with replay, selection agreement."""
+  stats_kw = dict(num_turns=spec.max_turns, num_position_buckets=spec.mismatch.num_position_buckets,
+                  max_position=model.spec.max_seq_len)
+  sums = {f"mm/{k}": v for k, v in mismatch.logprob_mismatch_sums(
+      learner_old_bt, sampler_logp_bt, batch.loss_mask_bt, batch.turn_index_bt,
+      batch.positions_bt, ratio_low=spec.mismatch.ratio_low,
+      ratio_high=spec.mismatch.ratio_high, **stats_kw).items()}
+  if batch.replay is not None:
+    sums.update({f"mm/{k}": v for k, v in mismatch.selection_agreement_sums(
+        layers_aux, batch.replay, batch.positions_bt, batch.turn_index_bt,
+        **stats_kw).items()})
+  return sums
 
 
 def mismatch_metrics(model, params, batch: Batch, spec: RLSpec) -> dict:
