@@ -92,98 +92,35 @@ class MoEFeedForward(nn.Module):
       'aux_loss' float32 [] (coef * E * sum_e f_e * P_e over valid tokens).
     """
     s, m = self.spec, self.spec.moe
-    num_experts, p, d_ff = m.num_experts, m.num_experts_per_token, m.d_ff_expert
-    if num_experts <= 0:
-      raise ValueError(f"MoEFeedForward needs spec.moe.num_experts > 0, got {num_experts}.")
-    if x_btd.ndim != 3 or x_btd.shape[-1] != s.d_model:
-      raise ValueError(f"MoEFeedForward: x_btd has shape {x_btd.shape}; expected "
-                       f"[B, T, d_model={s.d_model}].")
-    b, t, d = x_btd.shape
-    if valid_bt.shape != (b, t):
-      raise ValueError(f"MoEFeedForward: valid_bt has shape {valid_bt.shape}; expected "
-                       f"{(b, t)} to match x_btd.")
-    if forced_experts_btp is not None:
-      if forced_experts_btp.shape != (b, t, p):
-        raise ValueError(f"MoEFeedForward: forced_experts_btp has shape "
-                         f"{forced_experts_btp.shape}; expected {(b, t, p)} "
-                         f"(P = num_experts_per_token).")
-      if not jnp.issubdtype(forced_experts_btp.dtype, jnp.integer):
-        raise ValueError(f"MoEFeedForward: forced_experts_btp has dtype "
-                         f"{forced_experts_btp.dtype}; expected an integer dtype.")
+    _check_inputs(s, x_btd, valid_bt, forced_experts_btp)
+    num_experts, d_ff = m.num_experts, m.d_ff_expert
+    d = s.d_model
     dtype, param_dtype = jnp.dtype(s.dtype), jnp.dtype(s.param_dtype)
-
-    # --- Router (float32). ---
     w_router_de = self.param("w_router_de", fan_in_init, (d, num_experts), param_dtype)
-    logits_bte = jnp.einsum("btd,de->bte", x_btd.astype(jnp.float32),
-                            w_router_de.astype(jnp.float32),
-                            precision=jax.lax.Precision.HIGHEST)
-    scores_bte = router_scores(logits_bte, m.gate)
     bias_e = None
     if m.use_routing_bias:
       # float32 always: rate-1e-3 steps would vanish in a bf16 bias. Created under
       # replay too, so both paths share one param tree.
       bias_e = self.param("routing_bias_e", nn.initializers.zeros, (num_experts,),
                           jnp.float32)
-    if forced_experts_btp is not None:
-      # Padding rows of a replayed batch carry no recorded routing: give them valid
-      # distinct ids so they stay finite (their output is masked anyway).
-      experts_btp = jnp.where(valid_bt[..., None], forced_experts_btp.astype(jnp.int32),
-                              jnp.arange(p, dtype=jnp.int32))
-    else:
-      selection_bte = scores_bte
-      if bias_e is not None:
-        selection_bte = scores_bte + jax.lax.stop_gradient(bias_e)
-      _, experts_btp = jax.lax.top_k(jax.lax.stop_gradient(selection_bte), p)
-      experts_btp = experts_btp.astype(jnp.int32)
-    gates_btp = jnp.take_along_axis(scores_bte, experts_btp, axis=-1, mode="clip")
-    # A forced id outside [0, E) would silently wrap or clip: make it NaN instead.
-    in_range_btp = (experts_btp >= 0) & (experts_btp < num_experts)
-    gates_btp = jnp.where(in_range_btp, gates_btp, jnp.nan)
-    if m.renormalize:
-      gates_btp = gates_btp / jnp.maximum(gates_btp.sum(-1, keepdims=True),
-                                          jnp.finfo(jnp.float32).tiny)
-
-    # --- Dropless dispatch: sort assignments by expert, ragged_dot, unsort. ---
-    experts_a = experts_btp.reshape(b * t * p)
-    # Stable: within an expert, rows keep token order on every backend (deterministic).
-    order_a = jnp.argsort(experts_a, stable=True)
-    group_sizes_e = jnp.bincount(experts_a, length=num_experts).astype(jnp.int32)
     w_gate_edf = self.param("w_gate_edf", expert_init, (num_experts, d, d_ff), param_dtype)
     w_up_edf = self.param("w_up_edf", expert_init, (num_experts, d, d_ff), param_dtype)
     w_down_efd = self.param("w_down_efd", expert_init, (num_experts, d_ff, d), param_dtype)
-    # Assignment a belongs to token a // P (tokens flattened over B, T).
-    x_sorted_ad = x_btd.reshape(b * t, d).astype(dtype)[order_a // p]
-    y_sorted_ad = _routed_swiglu(x_sorted_ad, w_gate_edf.astype(dtype),
-                                 w_up_edf.astype(dtype), w_down_efd.astype(dtype),
-                                 group_sizes_e)
-    inverse_a = jnp.argsort(order_a)  # sorted position of each assignment
-    y_btpd = y_sorted_ad[inverse_a].reshape(b, t, p, d)
-    # Combine the P expert outputs in float32, then return to the compute dtype.
-    y_btd = jnp.einsum("btpd,btp->btd", y_btpd.astype(jnp.float32), gates_btp,
-                       precision=jax.lax.Precision.HIGHEST).astype(dtype)
 
+    # Router in float32.
+    logits_bte = jnp.einsum("btd,de->bte", x_btd.astype(jnp.float32),
+                            w_router_de.astype(jnp.float32),
+                            precision=jax.lax.Precision.HIGHEST)
+    scores_bte = router_scores(logits_bte, m.gate)
+    experts_btp, gates_btp = select_experts(scores_bte, bias_e, forced_experts_btp, valid_bt,
+                                            m)
+    y_btd = _dispatch(x_btd.astype(dtype), experts_btp, gates_btp, w_gate_edf.astype(dtype),
+                      w_up_edf.astype(dtype), w_down_efd.astype(dtype), num_experts)
     if m.num_shared_experts > 0:
       shared = DenseFeedForward(d_ff=m.num_shared_experts * d_ff, dtype=dtype,
                                 param_dtype=param_dtype, name="shared_experts")
       y_btd = y_btd + shared(x_btd)
-
-    # --- Load statistics and the Switch load-balancing loss, valid tokens only. ---
-    valid_bt = valid_bt.astype(jnp.float32)
-    num_valid = valid_bt.sum()
-    valid_a = jnp.repeat(valid_bt.reshape(b * t), p)  # token-major, like experts_a
-    assign_counts_e = jnp.bincount(experts_a, weights=valid_a, length=num_experts)
-    expert_load_e = assign_counts_e / jnp.maximum(num_valid * p, 1.0)
-    if m.aux_loss_coef != 0.0:
-      probs_bte = scores_bte
-      if m.gate == "sigmoid":
-        probs_bte = probs_bte / probs_bte.sum(-1, keepdims=True)
-      mean_prob_e = (probs_bte * valid_bt[..., None]).sum((0, 1)) / jnp.maximum(num_valid,
-                                                                                  1.0)
-      aux_loss = m.aux_loss_coef * num_experts * jnp.sum(
-          jax.lax.stop_gradient(expert_load_e) * mean_prob_e)
-    else:
-      aux_loss = jnp.zeros((), jnp.float32)
-
+    expert_load_e, aux_loss = _load_statistics(experts_btp, scores_bte, valid_bt, m)
     aux = {
         "experts": experts_btp,
         "gates": gates_btp.astype(jnp.float32),
@@ -191,3 +128,90 @@ class MoEFeedForward(nn.Module):
         "aux_loss": aux_loss.astype(jnp.float32),
     }
     return y_btd, aux
+
+
+def _check_inputs(spec, x_btd, valid_bt, forced_experts_btp) -> None:
+  num_experts, p = spec.moe.num_experts, spec.moe.num_experts_per_token
+  if num_experts <= 0:
+    raise ValueError(f"MoEFeedForward needs spec.moe.num_experts > 0, got {num_experts}.")
+  if x_btd.ndim != 3 or x_btd.shape[-1] != spec.d_model:
+    raise ValueError(f"MoEFeedForward: x_btd has shape {x_btd.shape}; expected "
+                     f"[B, T, d_model={spec.d_model}].")
+  b, t, _ = x_btd.shape
+  if valid_bt.shape != (b, t):
+    raise ValueError(f"MoEFeedForward: valid_bt has shape {valid_bt.shape}; expected "
+                     f"{(b, t)} to match x_btd.")
+  if forced_experts_btp is not None:
+    if forced_experts_btp.shape != (b, t, p):
+      raise ValueError(f"MoEFeedForward: forced_experts_btp has shape "
+                       f"{forced_experts_btp.shape}; expected {(b, t, p)} "
+                       f"(P = num_experts_per_token).")
+    if not jnp.issubdtype(forced_experts_btp.dtype, jnp.integer):
+      raise ValueError(f"MoEFeedForward: forced_experts_btp has dtype "
+                       f"{forced_experts_btp.dtype}; expected an integer dtype.")
+
+
+def select_experts(scores_bte, bias_e, forced_experts_btp, valid_bt, moe):
+  """(experts int32 [B, T, P], gates float32 [B, T, P]): the top-P by score (plus the
+  routing bias, which only affects selection), or the forced ones under replay."""
+  p, num_experts = moe.num_experts_per_token, moe.num_experts
+  if forced_experts_btp is not None:
+    # Padding rows of a replayed batch carry no recorded routing: give them valid
+    # distinct ids so they stay finite (their output is masked anyway).
+    experts_btp = jnp.where(valid_bt[..., None], forced_experts_btp.astype(jnp.int32),
+                            jnp.arange(p, dtype=jnp.int32))
+  else:
+    selection_bte = scores_bte
+    if bias_e is not None:
+      selection_bte = scores_bte + jax.lax.stop_gradient(bias_e)
+    _, experts_btp = jax.lax.top_k(jax.lax.stop_gradient(selection_bte), p)
+    experts_btp = experts_btp.astype(jnp.int32)
+  gates_btp = jnp.take_along_axis(scores_bte, experts_btp, axis=-1, mode="clip")
+  # A forced id outside [0, E) would silently wrap or clip: make it NaN instead.
+  in_range_btp = (experts_btp >= 0) & (experts_btp < num_experts)
+  gates_btp = jnp.where(in_range_btp, gates_btp, jnp.nan)
+  if moe.renormalize:
+    gates_btp = gates_btp / jnp.maximum(gates_btp.sum(-1, keepdims=True),
+                                        jnp.finfo(jnp.float32).tiny)
+  return experts_btp, gates_btp
+
+
+def _dispatch(x_btd, experts_btp, gates_btp, w_gate_edf, w_up_edf, w_down_efd,
+              num_experts: int):
+  """Dropless: sort assignments by expert, ragged_dot, unsort, combine by gate."""
+  b, t, p = experts_btp.shape
+  d = x_btd.shape[-1]
+  experts_a = experts_btp.reshape(b * t * p)
+  # Stable: within an expert, rows keep token order on every backend (deterministic).
+  order_a = jnp.argsort(experts_a, stable=True)
+  group_sizes_e = jnp.bincount(experts_a, length=num_experts).astype(jnp.int32)
+  # Assignment a belongs to token a // P (tokens flattened over B, T).
+  x_sorted_ad = x_btd.reshape(b * t, d)[order_a // p]
+  y_sorted_ad = _routed_swiglu(x_sorted_ad, w_gate_edf, w_up_edf, w_down_efd, group_sizes_e)
+  inverse_a = jnp.argsort(order_a)  # sorted position of each assignment
+  y_btpd = y_sorted_ad[inverse_a].reshape(b, t, p, d)
+  # Combine the P expert outputs in float32, then return to the compute dtype.
+  return jnp.einsum("btpd,btp->btd", y_btpd.astype(jnp.float32), gates_btp,
+                    precision=jax.lax.Precision.HIGHEST).astype(x_btd.dtype)
+
+
+def _load_statistics(experts_btp, scores_bte, valid_bt, moe):
+  """(expert load [E]: the share of valid assignments per expert, the Switch
+  load-balancing loss), over valid tokens only."""
+  b, t, p = experts_btp.shape
+  num_experts = moe.num_experts
+  valid_bt = valid_bt.astype(jnp.float32)
+  num_valid = valid_bt.sum()
+  valid_a = jnp.repeat(valid_bt.reshape(b * t), p)  # token-major, like experts_a
+  assign_counts_e = jnp.bincount(experts_btp.reshape(b * t * p), weights=valid_a,
+                                 length=num_experts)
+  expert_load_e = assign_counts_e / jnp.maximum(num_valid * p, 1.0)
+  if moe.aux_loss_coef == 0.0:
+    return expert_load_e, jnp.zeros((), jnp.float32)
+  probs_bte = scores_bte
+  if moe.gate == "sigmoid":
+    probs_bte = probs_bte / probs_bte.sum(-1, keepdims=True)
+  mean_prob_e = (probs_bte * valid_bt[..., None]).sum((0, 1)) / jnp.maximum(num_valid, 1.0)
+  aux_loss = moe.aux_loss_coef * num_experts * jnp.sum(
+      jax.lax.stop_gradient(expert_load_e) * mean_prob_e)
+  return expert_load_e, aux_loss
