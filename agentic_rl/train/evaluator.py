@@ -66,4 +66,4 @@ class Evaluator:
 def scalar_metrics(scores: dict, prefix: str = "heldout/") -> dict:
   """The numbers of a score, keys re-prefixed (what goes to TensorBoard)."""
   return {prefix + k.split("/", 1)[1]: v for k, v in scores.items()
-          if isinstance(v, (int, float))}
+          if not isinstance(v, (list, dict))}

@@ -61,13 +61,15 @@ def _with_current_names(arrays: dict, where: str) -> tuple[dict, dict]:
   return renamed, file_names
 
 
-def rename_keys(tree, mapping: dict[str, str]):
-  """`tree` with every dict key found in `mapping` renamed, through dicts, tuples, named
-  tuples (optax states) and dataclasses (TrainState); leaves unchanged. Orbax checkpoints
-  key params by name, so a checkpoint written before LEGACY_PARAM_NAMES restores into
-  `rename_keys(layout, {new: old})` and is renamed back with LEGACY_PARAM_NAMES."""
+def rename_keys(tree, mapping: dict[str, str | None]):
+  """`tree` with every dict key found in `mapping` renamed (or, mapped to None, dropped with
+  its subtree), through dicts, tuples, named tuples (optax states) and dataclasses
+  (TrainState); leaves unchanged. Orbax checkpoints key params by name, so a checkpoint
+  written before LEGACY_PARAM_NAMES restores into `rename_keys(layout, {new: old})` and is
+  renamed back with LEGACY_PARAM_NAMES."""
   if isinstance(tree, dict):
-    return {mapping.get(k, k): rename_keys(v, mapping) for k, v in tree.items()}
+    return {mapping.get(k, k): rename_keys(v, mapping) for k, v in tree.items()
+            if mapping.get(k, k) is not None}
   if isinstance(tree, tuple) and hasattr(tree, "_fields"):
     return type(tree)(*(rename_keys(v, mapping) for v in tree))
   if isinstance(tree, (tuple, list)):

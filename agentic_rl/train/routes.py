@@ -56,8 +56,7 @@ class Route:
       return state
     fresh = self.init_state(seed)
     params = graft(fresh.params, state.params)
-    opt_state = graft(train_step_lib.make_optimizer(self.rl_spec).init(params),
-                      state.opt_state)
+    opt_state = graft(fresh.opt_state, state.opt_state)  # Fresh moments are zeros.
     ref = fresh.ref_params
     if ref is not None:
       ref = graft(ref, state.ref_params if state.ref_params is not None else params)

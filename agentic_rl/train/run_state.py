@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 # Fields older checkpoints wrote that nothing reads any more: accepted and dropped.
-_RETIRED = ("rng", "wall_seconds")
+_RETIRED = ("tracker", "wall_seconds")
 # Stored beside the run state, owned by train/fingerprint.py.
 FINGERPRINT_KEY = "fingerprint"
 
@@ -58,7 +58,7 @@ class RunState:
     unknown = sorted(set(extras) - known)
     if unknown:
       raise ValueError(f"{source}: the run state holds fields {unknown} this code does not "
-                       f"know (known: {sorted(known)}); was it written by a newer version?")
+                       f"know (known: {sorted(known)}).")
     return cls(**extras), fingerprint
 
 

@@ -51,6 +51,8 @@ def run_sft(ctx: RunContext, state: TrainState, run: RunState) -> TrainState:
       opt_state=train_step_lib.make_optimizer(route.rl_spec).init(state.params),
       step=jnp.zeros((), jnp.int32), skipped_steps=jnp.zeros((), jnp.int32)))
   run.phase = "rl"
+  # Saved before RL scores its start point: a kill during that evaluation resumes here,
+  # not in SFT (RL's first save after the score replaces this one).
   ctx.save(state, run, force=True)
   return state
 

@@ -33,7 +33,9 @@ def restore(reader: Checkpointer, layout: dict, step: int | None = None):
     try:
       restored = reader.restore(params_file.rename_keys(layout, old_name), step=step)
     except RuntimeError:
-      raise err from None  # Not an old checkpoint either: the first error says what differs.
+      # Not an old-named checkpoint either: the first error (against today's names) says
+      # what differs; its cause keeps orbax's own report.
+      raise err
   step, tree, extras = restored
   return step, params_file.rename_keys(tree, params_file.LEGACY_PARAM_NAMES), extras
 
@@ -83,16 +85,30 @@ class StateIO:
   def resume(self, ckpt: Checkpointer, layout_for_step, config_for_step
              ) -> tuple[TrainState, RunState] | None:
     """The latest checkpoint in `ckpt`, or None. `layout_for_step(rl_step)` is a state in
-    the layout the saved step trained in (after a switch to route A, with a critic), and
-    `config_for_step(rl_step)` the config it ran under."""
+    the layout of the route that trains RL step `rl_step` (after a switch to route A, with
+    a critic), and `config_for_step(rl_step)` that route's config."""
     extras = ckpt.read_extras()
     if extras is None:
       return None
     source = f"the checkpoint in {ckpt.directory}"
     run, saved_fingerprint = RunState.from_extras(extras, source)
-    self.check_fingerprint(saved_fingerprint, config_for_step(run.rl_step), source)
-    _, tree, _ = restore(ckpt, {"train": self.replicated(layout_for_step(run.rl_step))},
-                         step=ckpt.latest_step())
+    # The state saved after step N - 1 (rl_step = N) is in the layout of the route that
+    # trained step N - 1; at a stage switch, the next step adopts the new route's layout.
+    trained_by = max(run.rl_step - 1, 0)
+    self.check_fingerprint(saved_fingerprint, config_for_step(trained_by), source)
+    layout = {"train": self.replicated(layout_for_step(trained_by))}
+    step = ckpt.latest_step()
+    try:
+      _, tree, _ = restore(ckpt, layout, step=step)
+    except RuntimeError as err:
+      # Route A checkpoints written before route A had a critic: the next step grafts one.
+      without_critic = params_file.rename_keys(layout, {"value_head": None})
+      if jax.tree.structure(without_critic) == jax.tree.structure(layout):
+        raise
+      try:
+        _, tree, _ = restore(ckpt, without_critic, step=step)
+      except RuntimeError:
+        raise err
     print(f"resumed from {ckpt.directory} at {run.phase} step {run.phase_step}", flush=True)
     return tree["train"], run
 

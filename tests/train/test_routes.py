@@ -23,7 +23,11 @@ def test_route_a_reports_mismatch_kl_under_1e6(tmp_path):
 
 
 def test_route_b_mismatch_then_switch_to_route_a(tmp_path):
-  summary, rl = _train(str(tmp_path), "route_b", "--config.train.switch_to_route_a_at=1")
+  switch = "--config.train.switch_to_route_a_at=1"
+  # Step 0 on route B, then stop: the checkpoint at rl_step 1 holds B's layout (no critic).
+  _train(str(tmp_path), "route_b", switch, "--config.rl.num_steps=1")
+  # Resumed at the switch: B's state restores, then step 1 adopts route A's layout.
+  summary, rl = _train(str(tmp_path), "route_b", switch)
   assert [r["stage/route_a"] for r in rl] == [0.0, 1.0]
   b_kl, a_kl = rl[0]["mismatch/k3"], rl[1]["mismatch/k3"]
   # bf16 sampler cache vs the fp32 learner: a mismatch the metrics can see (TIS corrects it);
@@ -34,8 +38,7 @@ def test_route_b_mismatch_then_switch_to_route_a(tmp_path):
   assert "value_loss" not in rl[0] and np.isfinite(rl[1]["value_loss"])
   assert summary["config"]["rl"]["advantage"]["estimator"] == "grpo"  # The base route's.
 
-  # Resuming after the switch restores route A's layout, critic included, and goes on.
-  resumed, rl = _train(str(tmp_path), "route_b", "--config.train.switch_to_route_a_at=1",
-                       "--config.rl.num_steps=3")
+  # Resumed after the switch: route A's layout, critic included, restores and goes on.
+  resumed, rl = _train(str(tmp_path), "route_b", switch, "--config.rl.num_steps=3")
   assert resumed["rl_steps"] == 3 and len(rl) == 3
   assert rl[2]["stage/route_a"] == 1.0 and np.isfinite(rl[2]["value_loss"])
