@@ -25,11 +25,6 @@ chunk-prefilled into the same slot after the tokens already there: the
 prefix is never prefilled again. A finished trajectory frees its slot at
 once for the next ready prompt.
 
-Token bookkeeping: the last token a slot drew is not yet in its cache; it is
-fed by the next decode step or as the first token of the next prefill. A
-finishing trajectory feeds it in one last decode step ("flush"), so every
-token of the record has its routing and block selection recorded.
-
 Environment protocol: `env_factory() -> env`; `env.reset(task) -> str`;
 `env.step(action_text) -> StepResult(observation, reward, done, info)` with
 info['process_signal'] and, when done, info['end_reason']; `env.close()`;
@@ -39,13 +34,8 @@ Text boundary: every observation and every action (decoded from the model, or a
 teacher's) passes through `valid_text` before a tokenizer or an environment sees it,
 so a lone surrogate becomes U+FFFD instead of an error.
 
-Failures of one trajectory end only that trajectory: an exception (not
-KeyboardInterrupt or SystemExit) from env_factory, env.reset or env.step, or a
-malformed StepResult, ends it with config.END_ENV_ERROR, one from the tokenizer on
-its prompt, observation or teacher action with END_RENDER_ERROR; `Trajectory.error`
-holds the exception, the reward is what the env paid so far, and the other slots go
-on. A failed reset or prompt ends the whole group (its members share that prompt)
-with trajectories of no tokens and reward 0.
+Failures of one trajectory (an env's exception, a text that does not tokenize) end
+only that trajectory, or its group when they hit the shared prompt; see turns.py.
 
 Teacher forcing (optional): `teacher_factory(task) -> teacher` with
 `teacher.act(observation) -> str`; each model turn then feeds the teacher's
@@ -57,9 +47,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import dataclasses
-import enum
-import logging
 import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -70,139 +57,26 @@ import numpy as np
 
 from agentic_rl.model import cache as cache_lib
 from agentic_rl.model import transformer
-from agentic_rl.records import sampling_mask as sampling_mask_lib
+from agentic_rl.records.trajectory import Trajectory, TrajectoryBuilder
 from agentic_rl.rollout import config as config_lib
+from agentic_rl.rollout import device_batch
+from agentic_rl.rollout import episodes
 from agentic_rl.rollout import sampling
 from agentic_rl.rollout.device_steps import DeviceSteps
-from agentic_rl.records.trajectory import Trajectory, TrajectoryBuilder
+from agentic_rl.rollout.engine_stats import RolloutStats
+from agentic_rl.rollout.env_threads import (close_unfinished, create_and_reset, take_resets,
+                                          timed)
+from agentic_rl.rollout.episodes import DEVICE_READY, Active, Group, Member, SlotState
+from agentic_rl.rollout.turns import TrajectoryTurns
 from agentic_rl.rollout.valid_text import valid_text
 
-log = logging.getLogger(__name__)
 
+class RolloutEngine(TrajectoryTurns):
+  """Continuous batching of multi-turn tool-use trajectories; see the module docstring.
 
-class SlotState(enum.Enum):
-  FREE = "free"
-  DECODE = "decode"  # Has a pending token; joins every decode step.
-  PREFILL = "prefill"  # Waiting for (or in) chunked prefill of new context.
-  ENV = "env"  # Its environment is stepping on a host thread.
-  FLUSH = "flush"  # Finished; feeds its last token in one more decode step.
-
-
-DEVICE_READY = (SlotState.DECODE, SlotState.PREFILL, SlotState.FLUSH)
-
-
-@dataclasses.dataclass
-class RolloutStats:
-  """Counters of one engine (all its runs); `as_dict` derives rates and shares.
-
-  Time buckets split the scheduler's wall time: decode_s, prefill_s, env_wait_s
-  (nothing for the device to do until an environment answers) and host_s.
-  slot_utilization = busy slot-seconds / (num_slots x wall), a slot being busy
-  while it holds a trajectory whose next work is on the device (decoding,
-  prefilling or queued for prefill); free slots and slots waiting for their
-  environment are idle. decode_occupancy is stricter: the mean fraction of
-  slots that fed a token in each decode step.
+  The scheduler lives here: slots, groups, prompt-store rows and the device calls;
+  what happens to one trajectory between those calls is its base, turns.TrajectoryTurns.
   """
-  num_slots: int = 1
-  wall_s: float = 0.0
-  decode_s: float = 0.0
-  prefill_s: float = 0.0  # Prompt and observation prefill, and prompt copies into slots.
-  env_wait_s: float = 0.0  # Scheduler idle, waiting for the host environments.
-  env_thread_s: float = 0.0  # Summed time of env resets and steps on the threads.
-  host_s: float = 0.0  # Everything else in the scheduler loop.
-  decode_steps: int = 0
-  decode_rows: int = 0  # Slot rows that fed a token, summed over decode steps.
-  prefill_calls: int = 0
-  prefill_rows_used: int = 0  # Rows holding real tokens, summed over prefill calls.
-  prefilled_tokens: int = 0
-  prompts_prefilled: int = 0  # One per task group, whatever the group size.
-  forks: int = 0  # Prompt copies into slots: one per trajectory.
-  env_steps: int = 0
-  env_resets: int = 0
-  generated_tokens: int = 0
-  trajectories: int = 0
-  busy_slot_s: float = 0.0  # Slot-seconds with device work in progress or queued.
-  slot_s: float = 0.0  # Slot-seconds in total (num_slots x time).
-  # The same, only in the steady state: after every slot first held a trajectory and
-  # before the task stream ran out (no ramp-up, no drain).
-  steady_busy_slot_s: float = 0.0
-  steady_slot_s: float = 0.0
-  peak_kv_bytes: int = 0  # Largest live KV footprint (slots + prompt store).
-  allocated_kv_bytes: int = 0
-
-  def as_dict(self) -> dict:
-    d = dataclasses.asdict(self)
-    wall = max(self.wall_s, 1e-9)
-    d["tokens_per_s"] = self.generated_tokens / wall
-    d["trajectories_per_s"] = self.trajectories / wall
-    d["slot_utilization"] = self.busy_slot_s / self.slot_s if self.slot_s else 0.0
-    d["steady_slot_utilization"] = (self.steady_busy_slot_s / self.steady_slot_s
-                                    if self.steady_slot_s else None)
-    d["decode_occupancy"] = (self.decode_rows / (self.decode_steps * self.num_slots)
-                             if self.decode_steps else 0.0)
-    return d
-
-
-@dataclasses.dataclass
-class _Member:
-  trajectory_id: int
-  member: int
-  seed: int
-  env: Any = None
-  observation: str | None = None
-  teacher: Any = None
-
-
-@dataclasses.dataclass
-class _Group:
-  group_id: int
-  task: Any
-  task_seed: int
-  members: list[_Member]
-  store_row: int
-  reset_futures: list[concurrent.futures.Future]
-  builder: TrajectoryBuilder | None = None  # The shared prompt, with its replay.
-  cache_len: int = 0
-  last_logits_v: jax.Array | None = None
-  next_member: int = 0
-  ready: bool = False
-
-
-@dataclasses.dataclass
-class _Active:
-  """A trajectory in a slot."""
-  slot: int
-  group: _Group
-  member: _Member
-  builder: TrajectoryBuilder
-  cache_len: int
-  state: SlotState = SlotState.DECODE
-  forced: collections.deque = dataclasses.field(default_factory=collections.deque)
-  future: concurrent.futures.Future | None = None
-  reward: float = 0.0
-  eos: bool = False
-  truncated_turn: bool = False
-  end_reason: str | None = None
-  error: str = ""  # The exception that ended it (END_ENV_ERROR, END_RENDER_ERROR).
-
-
-def _timed(fn, *args):
-  start = time.perf_counter()
-  result = fn(*args)
-  return result, time.perf_counter() - start
-
-
-def _error_text(error: Exception, limit: int = 2000) -> str:
-  text = valid_text(f"{type(error).__name__}: {error}")
-  return text if len(text) <= limit else text[:limit] + f" [{len(text) - limit} more chars]"
-
-
-def _member_seed(base_seed: int, task_seed: int, member: int) -> int:
-  return int(np.random.SeedSequence([base_seed, task_seed, member]).generate_state(1)[0])
-
-
-class RolloutEngine:
-  """Continuous batching of multi-turn tool-use trajectories; see the module docstring."""
 
   def __init__(self, model: transformer.Model, params, spec: config_lib.RolloutSpec,
                tokenizer, env_factory: Callable[[], Any], *, policy_version: int = 0,
@@ -237,11 +111,7 @@ class RolloutEngine:
     self._store_lengths = np.zeros(spec.prompt_store_rows, np.int64)
     self._layer_replay_keys = tuple(model.spec.replay_keys(i)
                                     for i in range(model.spec.num_layers))
-    ms = model.spec
-    empty = {"experts": np.zeros((0, ms.moe.num_experts_per_token), np.int32),
-             "blocks": np.zeros((ms.num_kv_heads, 0, ms.num_selected_blocks), np.int32)}
-    # The replay of a trajectory with no tokens (a group that never started).
-    self._empty_replay = tuple({k: empty[k] for k in keys} for keys in self._layer_replay_keys)
+    self._empty_replay = episodes.empty_replay(model.spec)
     self._stop_ids = frozenset(tokenizer.stop_ids)
     self._pool = concurrent.futures.ThreadPoolExecutor(spec.env_threads,
                                                        thread_name_prefix="rollout-env")
@@ -276,10 +146,10 @@ class RolloutEngine:
     spec = self.spec
     task_iter = iter(enumerate(tasks))
     seeds = None if task_seeds is None else list(task_seeds)
-    self._slots: list[_Active | None] = [None] * spec.num_slots
-    self._groups: collections.deque[_Group] = collections.deque()  # Oldest first.
+    self._slots: list[Active | None] = [None] * spec.num_slots
+    self._groups: collections.deque[Group] = collections.deque()  # Oldest first.
     self._free_store_rows = list(range(spec.prompt_store_rows))
-    self._prefill_queue: collections.deque = collections.deque()  # _Active or _Group
+    self._prefill_queue: collections.deque = collections.deque()  # Active or Group
     self._finished: list[Trajectory] = []
     self._tasks_left = True
     self._all_slots_filled = False
@@ -326,13 +196,8 @@ class RolloutEngine:
     return sum(1 for a in self._slots if a is not None and a.state in DEVICE_READY)
 
   def _account(self, t0: float, busy: int, bucket: str) -> None:
-    dt = time.perf_counter() - t0
-    setattr(self.stats, bucket, getattr(self.stats, bucket) + dt)
-    self.stats.busy_slot_s += busy * dt
-    self.stats.slot_s += self.spec.num_slots * dt
-    if self._all_slots_filled and self._tasks_left:
-      self.stats.steady_busy_slot_s += busy * dt
-      self.stats.steady_slot_s += self.spec.num_slots * dt
+    self.stats.add_time(bucket, time.perf_counter() - t0, busy,
+                        self._all_slots_filled and self._tasks_left)
 
   def _start_group(self, task_iter, seeds) -> None:
     try:
@@ -345,20 +210,14 @@ class RolloutEngine:
                        "give one seed per task.")
     task_seed = index if seeds is None else int(seeds[index])
     g = self.spec.group_size
-    members = [_Member(trajectory_id=index * g + m, member=m,
-                       seed=_member_seed(self.spec.seed, task_seed, m)) for m in range(g)]
+    members = [Member(trajectory_id=index * g + m, member=m,
+                      seed=episodes.member_seed(self.spec.seed, task_seed, m))
+               for m in range(g)]
     row = self._free_store_rows.pop(0)
-    futures = [self._pool.submit(_timed, self._create_and_reset, task) for _ in members]
-    self._groups.append(_Group(group_id=index, task=task, task_seed=task_seed,
-                               members=members, store_row=row, reset_futures=futures))
-
-  def _create_and_reset(self, task):
-    env = self.env_factory()
-    try:
-      return env, env.reset(task)
-    except BaseException:
-      env.close()
-      raise
+    futures = [self._pool.submit(timed, create_and_reset, self.env_factory, task)
+               for _ in members]
+    self._groups.append(Group(group_id=index, task=task, task_seed=task_seed,
+                              members=members, store_row=row, reset_futures=futures))
 
   def _harvest(self) -> None:
     for group in list(self._groups):  # A group that fails to start leaves the deque.
@@ -375,26 +234,13 @@ class RolloutEngine:
         self.stats.env_thread_s += seconds
         self._on_env_result(active, result)
 
-  def _on_group_reset(self, group: _Group) -> None:
-    failure = None
-    for member, future in zip(group.members, group.reset_futures):
-      try:
-        (member.env, observation), seconds = future.result()
-        member.observation = valid_text(observation)
-      except Exception as e:  # env_factory or env.reset raised (the env is closed).
-        failure = failure or e
-        continue
-      self.stats.env_thread_s += seconds
-      self.stats.env_resets += 1
+  def _on_group_reset(self, group: Group) -> None:
+    failure = take_resets(group, self.stats)
     if failure is not None:
       self._fail_group(group, config_lib.END_ENV_ERROR, failure)
       return
+    episodes.check_shared_prompt(group)
     first = group.members[0]
-    for member in group.members[1:]:
-      if member.observation != first.observation:
-        raise ValueError(f"task {group.group_id}: group members got different reset "
-                         "observations; a group shares one prompt, so env.reset(task) "
-                         "must be deterministic in the task.")
     system = getattr(first.env, "system_prompt", None) or self.spec.system_prompt
     try:
       turns = ([("system", valid_text(system))] if system else []) + \
@@ -432,11 +278,11 @@ class RolloutEngine:
         return
       self._fork_into(slot, group)
 
-  def _fork_into(self, slot: int, group: _Group) -> None:
+  def _fork_into(self, slot: int, group: Group) -> None:
     member = group.members[group.next_member]
     group.next_member += 1
-    active = _Active(slot=slot, group=group, member=member, builder=group.builder.copy(),
-                     cache_len=group.cache_len)
+    active = Active(slot=slot, group=group, member=member, builder=group.builder.copy(),
+                    cache_len=group.cache_len)
     self._slots[slot] = active
     if group.next_member == len(group.members):  # Every member has its copy.
       self._groups.remove(group)
@@ -457,140 +303,9 @@ class RolloutEngine:
     self._on_token(active, sampled.tokens_b[0], sampled.logp_b[0], sampled.mask_bw[0],
                    version)
 
-  def _queue_teacher_turn(self, active: _Active, observation: str) -> bool:
-    """Queues the teacher's next action as forced tokens; False when its text did not
-    tokenize (the trajectory then ends with END_RENDER_ERROR)."""
-    text = valid_text(active.member.teacher.act(observation))
-    try:
-      ids = self.tokenizer.encode(text, parse_special=True)
-    except Exception as e:
-      self._fail(active, config_lib.END_RENDER_ERROR, e)
-      return False
-    active.forced.extend(ids)
-    active.forced.append(self.tokenizer.end_turn_id)
-    return True
-
   def _current_params(self):
     with self._params_lock:
       return self._params, self._version
-
-  def _on_token(self, active: _Active, token, logp, mask_w, version: int) -> None:
-    """A token drawn for `active` (not yet in its cache): record it and decide what next."""
-    b = active.builder
-    token = int(token)
-    b.add_generated(token, float(logp), mask_w, version)
-    self.stats.generated_tokens += 1
-    if token in self._stop_ids:
-      active.eos = token == self.tokenizer.eos_id
-      b.end_turn(config_lib.TURN_STOP)
-      self._step_env(active)
-    elif b.turn_generated >= self.spec.max_new_tokens_per_turn:
-      b.end_turn(config_lib.TURN_MAX_NEW_TOKENS)
-      active.truncated_turn = True
-      self._step_env(active)
-    elif b.length >= self.spec.token_limit:
-      b.end_turn(config_lib.TURN_BUDGET_CUT)
-      self._finish(active, self.spec.token_limit_reason)
-    else:
-      active.state = SlotState.DECODE
-
-  def _step_env(self, active: _Active) -> None:
-    ids = active.builder.tokens[active.builder.turn_spans[-1][0]:]
-    if ids and ids[-1] in self._stop_ids:
-      ids = ids[:-1]
-    try:  # A byte-level decode may hold surrogates; the env gets valid text.
-      action = valid_text(self.tokenizer.decode(ids))
-    except Exception as e:
-      self._fail(active, config_lib.END_RENDER_ERROR, e)
-      return
-    active.forced.clear()
-    active.state = SlotState.ENV
-    active.future = self._pool.submit(_timed, active.member.env.step, action)
-
-  def _on_env_result(self, active: _Active, result) -> None:
-    b = active.builder
-    try:  # A malformed StepResult is the environment's failure too.
-      info = dict(result.info or {})
-      active.reward += float(result.reward)
-      b.record_step(info.get("process_signal", 0.0), info)
-    except Exception as e:
-      self._fail(active, config_lib.END_ENV_ERROR, e)
-      return
-    if result.done:
-      self._finish(active, info.get("end_reason") or config_lib.END_SUBMIT)
-      return
-    if active.eos:
-      self._finish(active, config_lib.END_EOS)
-      return
-    if b.num_turns >= self.spec.max_turns:
-      self._finish(active, config_lib.END_TURN_BUDGET)
-      return
-    try:
-      observation = valid_text(result.observation)
-      tool_ids = ([self.tokenizer.end_turn_id] if active.truncated_turn else []) + \
-          self.tokenizer.render_turn("tool", observation)
-    except Exception as e:
-      self._fail(active, config_lib.END_RENDER_ERROR, e)
-      return
-    header = self.tokenizer.generation_prompt()
-    if b.length + len(tool_ids) + len(header) + 1 > self.spec.token_limit:
-      self._finish(active, self.spec.token_limit_reason)
-      return
-    # Before the context is added: a trajectory that ends here has nothing left to prefill.
-    if active.member.teacher is not None and not self._queue_teacher_turn(active, observation):
-      return
-    active.truncated_turn = False
-    b.add_context(tool_ids)
-    b.add_context(header, new_turn=True)
-    active.state = SlotState.PREFILL
-    self._prefill_queue.append(active)
-
-  def _fail(self, active: _Active, reason: str, error: Exception) -> None:
-    """Ends one trajectory on an exception of its env or its text; the others go on."""
-    active.error = _error_text(error)
-    log.warning("trajectory %d ends with %s: %s", active.member.trajectory_id, reason,
-                active.error)
-    self._finish(active, reason)
-
-  def _fail_group(self, group: _Group, reason: str, error: Exception) -> None:
-    """Ends every member of a group that cannot start (no prompt): no tokens, reward 0."""
-    text = _error_text(error)
-    log.warning("task %d: its group ends with %s: %s", group.group_id, reason, text)
-    width = sampling_mask_lib.packed_width(self.model.spec.vocab_size)
-    for m in group.members:
-      if m.env is not None:
-        self._pool.submit(m.env.close)
-        m.env = None
-      none_i, none_f = np.zeros(0, np.int32), np.zeros(0, np.float32)
-      self._finished.append(Trajectory(
-          trajectory_id=m.trajectory_id, group_id=group.group_id, member=m.member,
-          seed=m.seed, task=group.task, tokens=none_i, loss_mask=none_f,
-          sampler_logp=none_f.copy(), sampling_mask=np.zeros((0, width), np.uint8),
-          policy_version=none_i.copy(), turn_index=none_i.copy(),
-          replay=tuple({k: v.copy() for k, v in layer.items()} for layer in self._empty_replay),
-          turn_spans=[], turn_end_reasons=[], process_signals=[], tool_infos=[], reward=0.0,
-          end_reason=reason, temperature=self.spec.recorded_temperature, prompt_length=0,
-          error=text))
-    self._groups.remove(group)
-    self._free_store_rows.append(group.store_row)
-
-  def _finish(self, active: _Active, reason: str) -> None:
-    active.end_reason = reason
-    if active.cache_len < active.builder.length:
-      active.state = SlotState.FLUSH
-    else:
-      self._finalize(active)
-
-  def _finalize(self, active: _Active) -> None:
-    g, m = active.group, active.member
-    self._finished.append(active.builder.finish(
-        trajectory_id=m.trajectory_id, group_id=g.group_id, member=m.member, seed=m.seed,
-        task=g.task, reward=active.reward, end_reason=active.end_reason,
-        temperature=self.spec.recorded_temperature, prompt_length=g.cache_len,
-        error=active.error))
-    self._pool.submit(m.env.close)
-    m.env = None
-    self._slots[active.slot] = None
 
   # -- device calls -------------------------------------------------------------------------
 
@@ -598,44 +313,23 @@ class RolloutEngine:
     if not self._prefill_queue:
       return False
     t0, busy = time.perf_counter(), self._busy_slots()
-    to_store = isinstance(self._prefill_queue[0], _Group)
-    rows_total = self.spec.prompt_store_rows if to_store else self.spec.num_slots
-    owners = [o for o in self._prefill_queue if isinstance(o, _Group) == to_store]
-    owners = owners[:self.spec.prefill_rows]
-    p, c = self.spec.prefill_rows, self.spec.prefill_chunk
-    rows = [o.store_row if to_store else o.slot for o in owners]
-    # Rows that sit the call out must be distinct from the working ones.
-    rows += [r for r in range(rows_total) if r not in rows][:p - len(rows)]
-    tokens = np.zeros((p, c), np.int32)
-    positions = np.full((p, c), -1, np.int32)
-    seeds = np.zeros(p, np.uint32)
-    forced = np.full(p, -1, np.int32)
-    counts = []
-    for i, o in enumerate(owners):
-      chunk = o.builder.tokens[o.cache_len:o.cache_len + c]
-      tokens[i, :len(chunk)] = chunk
-      positions[i, :len(chunk)] = np.arange(o.cache_len, o.cache_len + len(chunk))
-      counts.append(len(chunk))
-      if not to_store:
-        seeds[i] = o.member.seed
-        if o.cache_len + len(chunk) == o.builder.length and o.forced:
-          forced[i] = o.forced.popleft()
+    batch = device_batch.prefill_batch(self._prefill_queue, self.spec)
     params, version = self._current_params()
+    to_store, rows = batch.to_store, batch.rows_p
     lengths = self._store_lengths if to_store else self._cache_lengths
-    rows = np.asarray(rows, np.int32)
-    new_cache, out = self.steps.prefill(params, self.store if to_store else self.cache,
-                                        rows, tokens, positions, seeds, forced, lengths[rows])
-    _advance_lengths(lengths, rows, positions)
+    new_cache, out = self.steps.prefill(
+        params, self.store if to_store else self.cache, rows, batch.tokens_pc,
+        batch.positions_pc, batch.seeds_p, batch.forced_p, lengths[rows])
+    device_batch.advance_lengths(lengths, rows, batch.positions_pc)
     if to_store:
       self.store = new_cache
     else:
       self.cache = new_cache
-    host = jax.device_get((out.sampled, out.replay))
-    sampled, replay = host
+    sampled, replay = jax.device_get((out.sampled, out.replay))
     self.stats.prefill_calls += 1
-    self.stats.prefill_rows_used += len(owners)
-    self.stats.prefilled_tokens += sum(counts)
-    for i, (o, n) in enumerate(zip(owners, counts)):
+    self.stats.prefill_rows_used += len(batch.owners)
+    self.stats.prefilled_tokens += sum(batch.counts)
+    for i, (o, n) in enumerate(zip(batch.owners, batch.counts)):
       o.builder.add_replay(replay, i, n)
       o.cache_len += n
       if o.cache_len < o.builder.length:
@@ -658,20 +352,11 @@ class RolloutEngine:
       return False
     t0, busy = time.perf_counter(), self._busy_slots()
     s = self.spec.num_slots
-    tokens = np.zeros(s, np.int32)
-    positions = np.full(s, -1, np.int32)
-    seeds = np.zeros(s, np.uint32)
-    forced = np.full(s, -1, np.int32)
-    for a in rows:
-      tokens[a.slot] = a.builder.tokens[a.cache_len]
-      positions[a.slot] = a.cache_len
-      seeds[a.slot] = a.member.seed
-      if a.state is SlotState.DECODE and a.forced:
-        forced[a.slot] = a.forced.popleft()
+    tokens, positions, seeds, forced = device_batch.decode_inputs(rows, s)
     params, version = self._current_params()
     self.cache, out = self.steps.decode(params, self.cache, tokens, positions, seeds, forced,
                                         self._cache_lengths)
-    _advance_lengths(self._cache_lengths, np.arange(s), positions[:, None])
+    device_batch.advance_lengths(self._cache_lengths, np.arange(s), positions[:, None])
     sampled, replay = jax.device_get((out.sampled, out.replay))
     self.stats.decode_steps += 1
     self.stats.decode_rows += len(rows)
@@ -709,31 +394,8 @@ class RolloutEngine:
 
   def _abandon(self) -> None:
     """Closes the environments of trajectories left unfinished (an error, or an early stop)."""
-    envs = {}
-    for a in self._slots:
-      if a is not None and a.member.env is not None:
-        envs[id(a.member.env)] = a.member.env
-    for g in self._groups:
-      if g.builder is None:  # Resets not harvested: close each env once its reset returns.
-        for f in g.reset_futures:
-          f.add_done_callback(_close_reset_env)
-      else:
-        for m in g.members[g.next_member:]:
-          if m.env is not None:
-            envs[id(m.env)] = m.env
-    for env in envs.values():
-      self._pool.submit(env.close)
+    close_unfinished(self._slots, self._groups, self._pool)
     self._slots = [None] * self.spec.num_slots
     self._groups.clear()
     self._prefill_queue.clear()
 
-
-def _advance_lengths(lengths_r, rows_b, positions_bt) -> None:
-  """The host record of `cache_lib.new_lengths` after a call fed `positions_bt` to rows."""
-  lengths_r[rows_b] = np.maximum(lengths_r[rows_b], positions_bt.max(axis=1) + 1)
-
-
-def _close_reset_env(future: concurrent.futures.Future) -> None:
-  if not future.cancelled() and future.exception() is None:
-    (env, _), _ = future.result()
-    env.close()
