@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_rl.model.config import ModelSpec
+from agentic_rl.model.config import LAYER_KINDS, ModelSpec
 from kernels import reference
 
 
@@ -36,7 +36,8 @@ def init_cache(spec: ModelSpec, batch_size: int, max_len: int | None = None) -> 
   kv = (spec.num_kv_heads, spec.head_dim)
   layers = []
   for layer_type in spec.layer_types:
-    if layer_type == "S":
+    kind = LAYER_KINDS[layer_type]
+    if kind.ring_cache:
       w = spec.sliding_window
       layers.append({"k": jnp.zeros((batch_size, w) + kv, dtype),
                      "v": jnp.zeros((batch_size, w) + kv, dtype),
@@ -44,7 +45,7 @@ def init_cache(spec: ModelSpec, batch_size: int, max_len: int | None = None) -> 
     else:
       layer = {"k": jnp.zeros((batch_size, max_len) + kv, dtype),
                "v": jnp.zeros((batch_size, max_len) + kv, dtype)}
-      if layer_type == "G":
+      if kind.block_summaries:
         layer["block_keys"] = jnp.zeros(
             (batch_size, max_len // spec.block_size) + kv, dtype)
       layers.append(layer)
@@ -60,12 +61,13 @@ def cache_bytes_per_sequence(spec: ModelSpec, length: int) -> int:
   kv_token = spec.num_kv_heads * spec.head_dim * itemsize
   total = 4  # the length counter
   for layer_type in spec.layer_types:
-    if layer_type == "S":
+    kind = LAYER_KINDS[layer_type]
+    if kind.ring_cache:
       slots = min(spec.sliding_window, length)
       total += slots * (2 * kv_token + 4)
     else:
       total += length * 2 * kv_token
-      if layer_type == "G":
+      if kind.block_summaries:
         total += -(-length // spec.block_size) * kv_token
   return total
 

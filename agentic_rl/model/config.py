@@ -15,10 +15,27 @@ import ml_collections
 
 from agentic_rl.config_schema import check, from_config_dict, is_int, one_of, to_config_dict
 
-# S: gated sliding-window attention (ring-buffer cache).
-# G: block top-k sparse grouped-query attention (full cache + block summaries).
-# F: dense causal attention (full cache).
-LAYER_TYPES = ("S", "G", "F")
+@dataclasses.dataclass(frozen=True)
+class LayerKind:
+  """What an attention layer type brings. The one place the cache layout, replay, route A
+  and sizing read it from: consumers ask the kind, they do not test letters."""
+  name: str
+  ring_cache: bool  # A ring buffer of sliding_window slots; else a full position-indexed cache.
+  block_summaries: bool  # Mean key per block beside the full cache (block selection).
+  replay: tuple[str, ...]  # What it records in aux["layers"][i] and a replay can force.
+  consistent: str  # The letter route A uses: same params, no choice sampler and learner
+  # could make differently.
+
+
+LAYER_KINDS = {
+    "S": LayerKind("gated sliding window", ring_cache=True, block_summaries=False,
+                   replay=(), consistent="S"),
+    "G": LayerKind("block top-k sparse GQA", ring_cache=False, block_summaries=True,
+                   replay=("blocks",), consistent="F"),
+    "F": LayerKind("dense causal", ring_cache=False, block_summaries=False, replay=(),
+                   consistent="F"),
+}
+LAYER_TYPES = tuple(LAYER_KINDS)
 GATE_FUNCTIONS = ("softmax", "sigmoid")
 DTYPES = ("float32", "bfloat16", "float16")
 KERNEL_BACKENDS = ("reference", "pallas")
@@ -133,7 +150,7 @@ class ModelSpec:
     """What layer `layer` records in aux["layers"] and a replay can force: "experts" on
     MoE layers, "blocks" on block-sparse (G) layers. Consumers ask this, not the letters."""
     return ((("experts",) if self.is_moe_layer(layer) else ())
-            + (("blocks",) if self.layer_types[layer] == "G" else ()))
+            + LAYER_KINDS[self.layer_types[layer]].replay)
 
   def replace(self, **changes) -> "ModelSpec":
     return dataclasses.replace(self, **changes)
@@ -144,10 +161,11 @@ class ModelSpec:
 
 
 def dense_pattern(pattern: str) -> str:
-  """`pattern` with every block-sparse G layer made dense F. They share parameters, and the
-  dense layer attends to every key, so no block choice can differ between sampler and
-  learner (route A)."""
-  return pattern.upper().replace("G", "F")
+  """`pattern` with each layer replaced by its kind's `consistent` letter: block-sparse G
+  becomes dense F (same parameters, every key attended, so no block choice can differ
+  between sampler and learner: route A). Unknown letters stay for validation to name."""
+  return "".join(LAYER_KINDS[c].consistent if c in LAYER_KINDS else c
+                 for c in pattern.upper())
 
 
 def expand_pattern(pattern: str, num_layers: int) -> tuple[str, ...]:
@@ -159,8 +177,9 @@ def expand_pattern(pattern: str, num_layers: int) -> tuple[str, ...]:
   pattern = pattern.upper()
   bad = sorted(set(pattern) - set(LAYER_TYPES))
   check(not bad, "layer_pattern", pattern,
-        f"letters from {LAYER_TYPES} (S: sliding window, G: sparse, F: dense), not the "
-        f"unknown layer types {bad}")
+        f"letters from {LAYER_TYPES} ("
+        + ", ".join(f"{c}: {k.name}" for c, k in LAYER_KINDS.items())
+        + f"), not the unknown layer types {bad}")
   return tuple((pattern * (num_layers // len(pattern) + 1))[:num_layers])
 
 

@@ -103,3 +103,24 @@ class _Section:
 
   def update(self, values):
     self._d.update(values)
+
+
+def test_the_layer_kind_table_drives_cache_replay_and_route_a():
+  """One table (LAYER_KINDS) says what each layer type brings; the cache layout, the
+  replay records and route A's pattern follow it."""
+  from agentic_rl.model import cache as cache_lib
+  from agentic_rl.model.config import LAYER_KINDS, dense_pattern
+  config = default_model_config()
+  config.layer_pattern = "SGF"
+  config.num_layers = 3
+  config.moe.num_experts = 0
+  spec = validate(config)
+  cache = cache_lib.init_cache(spec, batch_size=1, max_len=64)
+  for layer, letter in enumerate("SGF"):
+    kind = LAYER_KINDS[letter]
+    assert ("pos" in cache["layers"][layer]) == kind.ring_cache
+    assert ("block_keys" in cache["layers"][layer]) == kind.block_summaries
+    assert spec.replay_keys(layer) == kind.replay
+  assert [spec.replay_keys(i) for i in range(3)] == [(), ("blocks",), ()]
+  assert dense_pattern("sgfG") == "SFFF"
+  assert dense_pattern("SXG") == "SXF"  # Unknown letters are left for validation to name.
