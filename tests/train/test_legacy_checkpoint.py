@@ -64,7 +64,7 @@ def test_a_checkpoint_of_another_model_still_names_what_differs(tmp_path):
     _write_old_checkpoint(trainer, config, old_dir)
   finally:
     trainer.close()
-  config.model.d_ff = config.model.d_ff * 2
+  config.model.value_head = True  # A param tree with a critic the checkpoint lacks.
   other = Trainer(config, str(tmp_path / "run2"))
   try:
     with pytest.raises(RuntimeError, match="could not restore checkpoint step 1"):
