@@ -7,6 +7,7 @@ import pytest
 
 from agentic_rl.config_schema import (ConfigError, check, derived, from_config_dict,
                                       to_config_dict)
+from tests.dict_sections import DictSections
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +72,7 @@ def test_values_are_built_by_field_name_and_coerced():
 ])
 def test_bad_values_name_their_full_path(edit, message):
   c = to_config_dict(Outer()).to_dict()
-  edit(_Editable(c))
+  edit(DictSections(c))
   with pytest.raises(ConfigError) as e:
     from_config_dict(Outer, c, "config.o")
   assert message in str(e.value), str(e.value)
@@ -88,14 +89,3 @@ def test_a_built_section_passes_through():
   assert from_config_dict(Outer, built, "config.o", copy=5).copy == 5
 
 
-class _Editable:
-  """Attribute-style edits of a plain nested dict (what the parametrized edits expect)."""
-
-  def __init__(self, d):
-    self._d = d
-
-  def __getattr__(self, name):
-    return _Editable(self._d[name])
-
-  def update(self, values):
-    self._d.update(values)

@@ -4,6 +4,7 @@ import pytest
 
 from agentic_rl.config_schema import ConfigError
 from agentic_rl.model.config import ModelSpec, MoESpec, default_model_config, validate
+from tests.dict_sections import DictSections
 
 # The ConfigDict layout config files and configs/assets/base_tiny_bpe/config.json edit,
 # as it was when default_model_config was written by hand.
@@ -71,7 +72,7 @@ def test_values_are_coerced_and_layer_types_follow_the_pattern():
 ])
 def test_bad_values_name_their_full_path(edit, message):
   c = default_model_config().to_dict()  # A plain dict: ConfigDict refuses some bad types.
-  edit(_Section(c))
+  edit(DictSections(c))
   with pytest.raises(ConfigError) as e:
     validate(c)
   assert message in str(e.value), str(e.value)
@@ -90,19 +91,6 @@ def test_moe_off_skips_the_expert_checks():
   c.moe.num_experts, c.moe.num_experts_per_token, c.moe.d_ff_expert = 0, 0, 0
   spec = validate(c)
   assert not any(spec.is_moe_layer(i) for i in range(spec.num_layers))
-
-
-class _Section:
-  """Attribute access to a nested dict's sections (what the parametrized edits expect)."""
-
-  def __init__(self, d):
-    self._d = d
-
-  def __getattr__(self, name):
-    return _Section(self._d[name])
-
-  def update(self, values):
-    self._d.update(values)
 
 
 def test_the_layer_kind_table_drives_cache_replay_and_route_a():

@@ -7,6 +7,7 @@ from agentic_rl.rollout.tokenizer import SPECIAL_TOKENS
 from agentic_rl.rollout.tokenizer_config import (SpecialTokensSpec, TokenizerSpec,
                                                  default_tokenizer_config,
                                                  validate_tokenizer_config)
+from tests.dict_sections import DictSections
 
 # The layout config files and configs/assets/base_tiny_bpe/config.json use.
 DEFAULTS = {
@@ -54,20 +55,9 @@ def test_an_override_of_one_special_token_keeps_the_others():
 ])
 def test_bad_values_name_their_full_path(edit, message):
   c = default_tokenizer_config().to_dict()  # A plain dict: ConfigDict refuses some bad types.
-  edit(_Section(c))
+  edit(DictSections(c))
   with pytest.raises(ConfigError) as e:
     validate_tokenizer_config(c)
   assert message in str(e.value), str(e.value)
 
 
-class _Section:
-  """Attribute access to a nested dict's sections (what the parametrized edits expect)."""
-
-  def __init__(self, d):
-    self._d = d
-
-  def __getattr__(self, name):
-    return _Section(self._d[name])
-
-  def update(self, values):
-    self._d.update(values)
