@@ -105,18 +105,22 @@ class Routes:
     self.env_factory = env_factory
     self.current: Route | None = None
 
-  def config_for_step(self, rl_step: int) -> tuple[str, ml_collections.ConfigDict]:
+  def name_for_step(self, rl_step: int) -> str:
     switch = self.train_spec.switch_to_route_a_at
-    if switch >= 0 and rl_step >= switch:
-      return "A", train_config_lib.route_a_config(self.base_config)
-    return "base", self.base_config
+    return "A" if switch >= 0 and rl_step >= switch else "base"
+
+  def config_for_step(self, rl_step: int) -> tuple[str, ml_collections.ConfigDict]:
+    name = self.name_for_step(rl_step)
+    if name == "A":
+      return name, train_config_lib.route_a_config(self.base_config)
+    return name, self.base_config
 
   def for_step(self, rl_step: int) -> Route:
-    name, config = self.config_for_step(rl_step)
-    if self.current is None or self.current.name != name:
+    # Called every RL step: the route's config is built only when the stage changes.
+    if self.current is None or self.current.name != self.name_for_step(rl_step):
       if self.current is not None:
         self.current.close()
-      self.current = self._build(name, config)
+      self.current = self._build(*self.config_for_step(rl_step))
     return self.current
 
   def _build(self, name: str, config: ml_collections.ConfigDict) -> Route:

@@ -23,21 +23,27 @@ from agentic_rl.train.checkpointing import Checkpointer, resolve_checkpoint
 from agentic_rl.train.run_state import RunState, provenance
 
 
-def restore(reader: Checkpointer, layout: dict, step: int | None = None):
-  """reader.restore(layout, step); a checkpoint written before the attention params took one
-  letter per axis (params_file.LEGACY_PARAM_NAMES) restores under its old names, renamed."""
-  try:
-    return reader.restore(layout, step=step)
-  except RuntimeError as err:
-    old_name = {new: old for old, new in params_file.LEGACY_PARAM_NAMES.items()}
-    try:
-      restored = reader.restore(params_file.rename_keys(layout, old_name), step=step)
-    except RuntimeError:
-      # Not an old-named checkpoint either: the first error (against today's names) says
-      # what differs; its cause keeps orbax's own report.
-      raise err
-  step, tree, extras = restored
-  return step, params_file.rename_keys(tree, params_file.LEGACY_PARAM_NAMES), extras
+def restore(reader: Checkpointer, layouts: list[dict], step: int | None = None):
+  """reader.restore into the first of `layouts` the checkpoint fits, each also tried under
+  the attention params' old names (params_file.LEGACY_PARAM_NAMES: checkpoints written
+  before they took one letter per axis), renamed back. When none fits, the first layout's
+  error under today's names is raised: it says what differs, and its cause keeps orbax's
+  own report."""
+  old_name = {new: old for old, new in params_file.LEGACY_PARAM_NAMES.items()}
+  first_error = None
+  for layout in layouts:
+    for to_file, back in ((None, None), (old_name, params_file.LEGACY_PARAM_NAMES)):
+      try:
+        restored = reader.restore(layout if to_file is None
+                                  else params_file.rename_keys(layout, to_file), step=step)
+      except RuntimeError as err:
+        first_error = first_error or err
+        continue
+      if restored is None or back is None:
+        return restored
+      step, tree, extras = restored
+      return step, params_file.rename_keys(tree, back), extras
+  raise first_error
 
 
 def with_reference(state: TrainState) -> TrainState:
@@ -97,18 +103,12 @@ class StateIO:
     trained_by = max(run.rl_step - 1, 0)
     self.check_fingerprint(saved_fingerprint, config_for_step(trained_by), source)
     layout = {"train": self.replicated(layout_for_step(trained_by))}
-    step = ckpt.latest_step()
-    try:
-      _, tree, _ = restore(ckpt, layout, step=step)
-    except RuntimeError as err:
-      # Route A checkpoints written before route A had a critic: the next step grafts one.
-      without_critic = params_file.rename_keys(layout, {"value_head": None})
-      if jax.tree.structure(without_critic) == jax.tree.structure(layout):
-        raise
-      try:
-        _, tree, _ = restore(ckpt, without_critic, step=step)
-      except RuntimeError:
-        raise err
+    layouts = [layout]
+    # Route A checkpoints written before route A had a critic: the next step grafts one.
+    without_critic = params_file.rename_keys(layout, {"value_head": None})
+    if jax.tree.structure(without_critic) != jax.tree.structure(layout):
+      layouts.append(without_critic)
+    _, tree, _ = restore(ckpt, layouts, step=ckpt.latest_step())
     print(f"resumed from {ckpt.directory} at {run.phase} step {run.phase_step}", flush=True)
     return tree["train"], run
 
@@ -132,15 +132,13 @@ class StateIO:
     reader = Checkpointer(directory, read_only=True)
     like = self.replicated(like)
     # The source may or may not carry a KL reference (its run's kl_coef): try both layouts.
-    layouts = [like] if like.ref_params is None else [like.replace(ref_params=None), like]
+    layouts = [{"train": like}]
+    if like.ref_params is not None:
+      layouts.append({"train": like.replace(ref_params=None)})
     try:
-      for n, layout in enumerate(layouts):
-        try:
-          _, restored, extras = restore(reader, {"train": layout}, step=step)
-          break
-        except RuntimeError as err:
-          if n + 1 == len(layouts):
-            raise RuntimeError(f"{source}={path!r}: {err}") from err
+      _, restored, extras = restore(reader, layouts, step=step)
+    except RuntimeError as err:
+      raise RuntimeError(f"{source}={path!r}: {err}") from err
     finally:
       reader.close()
     changed = self.check_fingerprint(extras.get("fingerprint"), config, f"{source}={path!r}")
