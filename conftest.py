@@ -1,1 +1,1 @@
-"""Puts the repository root on sys.path so tests import agentic_rl, kernels, configs, launch."""
+"""Puts the repository root on sys.path so tests import agentic_rl, configs, launch."""

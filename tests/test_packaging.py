@@ -88,7 +88,7 @@ def test_the_wheel_installs_and_runs_from_any_directory(tmp_path):
   names = set(zipfile.ZipFile(wheel).namelist())
   for shipped in ("configs/assets/base_tiny_bpe/params.safetensors",
                   "configs/tokenizers/swe_bpe_1k.json", "launch/train.py",
-                  "kernels/dispatch.py", "agentic_rl/resources.py"):
+                  "agentic_rl/kernels/dispatch.py", "agentic_rl/resources.py"):
     assert shipped in names, shipped
   assert not any(name.startswith("tests/") for name in names)
   venv = tmp_path / "venv"

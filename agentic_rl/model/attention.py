@@ -12,7 +12,7 @@ Without a cache the chunk is the whole sequence: S and F layers take its
 positions wherever they start; G layers index keys by position in a buffer
 of T rounded up to a block, so their sequences start at position 0.
 
-Axis letters (one per axis, here, in cache.py and in kernels/): b batch, t query
+Axis letters (one per axis, here, in cache.py and in agentic_rl/kernels/): b batch, t query
 time, s key/cache slot, d d_model, n query heads, k kv heads, g query heads per kv
 head (n = k * g), h head_dim, c key blocks, j selected-block slot, l token within a
 block. Params: w_q_dnh [d, n, h], w_k_dkh / w_v_dkh [d, k, h], w_o_nhd [n, h, d] and,
@@ -30,8 +30,8 @@ import jax.numpy as jnp
 from agentic_rl.model import cache as cache_lib
 from agentic_rl.model.config import ModelSpec
 from agentic_rl.model.rope import apply_rope
-from kernels import dispatch
-from kernels import reference
+from agentic_rl.kernels import dispatch
+from agentic_rl.kernels import reference
 
 
 def _round_up(n, m):

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_rl.model.config import LAYER_KINDS, ModelSpec
-from kernels import reference
+from agentic_rl.kernels import reference
 
 
 def init_cache(spec: ModelSpec, batch_size: int, max_len: int | None = None) -> dict:

@@ -1,7 +1,7 @@
 """Independent float64 numpy references for the attention kernels, written as plain loops.
 
 Nothing here imports `kernels`: each function restates the contract of
-kernels/reference.py from its docstrings (visibility by position, -1 is padding,
+agentic_rl/kernels/reference.py from its docstrings (visibility by position, -1 is padding,
 a query that sees no key outputs zeros, query head n reads kv head n // (N / K)).
 Model tests reuse these for layer-level references.
 """

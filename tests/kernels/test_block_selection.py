@@ -1,6 +1,6 @@
 """The G-layer indexer: block means, block scores and top-n block selection vs numpy.
 
-Scoring rule under test (kernels/reference.py): the KV group's mean query dotted
+Scoring rule under test (agentic_rl/kernels/reference.py): the KV group's mean query dotted
 with the block's mean key, divided by sqrt(D); the own block always wins, future
 blocks never do. Tolerances: scores and means atol = rtol = 1e-5 (fp32 vs float64);
 the top-n check allows ties within 1e-5.
@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import reference
+from agentic_rl.kernels import reference
 from tests.kernels import numpy_attention as npa
 
 H, K, D, BLOCK = 4, 2, 8, 4

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from kernels import reference
+from agentic_rl.kernels import reference
 from tests.kernels import numpy_attention as npa
 
 H, K, D, BLOCK, S, N_SEL = 4, 2, 8, 4, 32, 3

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax.test_util import check_grads
 
-from kernels import reference
+from agentic_rl.kernels import reference
 from tests.kernels import numpy_attention as npa
 
 H, K, D = 4, 2, 8

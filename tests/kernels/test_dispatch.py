@@ -5,7 +5,7 @@
 
 import pytest
 
-from kernels import dispatch, reference
+from agentic_rl.kernels import dispatch, reference
 
 
 def test_reference_backend_is_the_reference_ops():

@@ -22,12 +22,12 @@ from jax.experimental.pallas import tpu as pltpu
 
 from agentic_rl.model import config as config_lib
 from agentic_rl.model import transformer
-from kernels import dispatch
-from kernels import pallas_block_sparse
-from kernels import pallas_block_sparse_tpu
-from kernels import pallas_flash
-from kernels import pallas_ops
-from kernels import reference
+from agentic_rl.kernels import dispatch
+from agentic_rl.kernels import pallas_block_sparse
+from agentic_rl.kernels import pallas_block_sparse_tpu
+from agentic_rl.kernels import pallas_flash
+from agentic_rl.kernels import pallas_ops
+from agentic_rl.kernels import reference
 from tests.kernels import numpy_attention as npa
 
 ATOL = 1e-5

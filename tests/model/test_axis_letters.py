@@ -3,7 +3,7 @@ under them, and a lint that the suffixes of names agree with the einsum strings 
 
 Letters: b batch, t query time, s key/cache slot, d d_model, n query heads, k kv heads,
 g query heads per kv head, h head_dim, c key blocks, j selected-block slot, l token in a
-block, e experts, f FFN hidden, v vocab (agentic_rl/model/attention.py, kernels/reference.py).
+block, e experts, f FFN hidden, v vocab (agentic_rl/model/attention.py, agentic_rl/kernels/reference.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from agentic_rl.train import params_file
 from configs import quickstart
 
 ROOT = pathlib.Path(__file__).parents[2]
-LINTED = ("agentic_rl/model/attention.py", "kernels/reference.py", "agentic_rl/model/moe.py")
+LINTED = ("agentic_rl/model/attention.py", "agentic_rl/kernels/reference.py", "agentic_rl/model/moe.py")
 OLD_TO_NEW = {"w_q_dhk": "w_q_dnh", "w_k_dhk": "w_k_dkh", "w_v_dhk": "w_v_dkh",
               "w_o_hkd": "w_o_nhd", "w_gate_dh": "w_gate_dn", "b_gate_h": "b_gate_n"}
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from agentic_rl.model.transformer import Model
-from kernels import reference
+from agentic_rl.kernels import reference
 from tests.model.model_fixtures import draw_params, make_spec
 
 H, K, D, BLOCK = 4, 2, 8, 4

@@ -9,11 +9,11 @@ scratch across it, and the output block is written at the last slot. Slot -1
 is skipped; its index map repeats the previous valid block so the pipeline
 issues no new DMA for it.
 
-Same semantics as kernels/reference.block_sparse_attention. Runs on a TPU, or
+Same semantics as agentic_rl/kernels/reference.block_sparse_attention. Runs on a TPU, or
 on the CPU in TPU interpret mode (interpret=pltpu.InterpretParams()); the
 generic interpret mode does not model scalar prefetch. The whole selection
 [B, K, T, J] sits in SMEM, so this suits decode and short chunks; long
-prefills want a chunked call. Axis letters as in kernels/pallas_block_sparse.py.
+prefills want a chunked call. Axis letters as in agentic_rl/kernels/pallas_block_sparse.py.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernels import pallas_block_sparse
-from kernels import pallas_common as pc
+from agentic_rl.kernels import pallas_block_sparse
+from agentic_rl.kernels import pallas_common as pc
 
 
 def _kernel(blocks_ref, fetch_ref, qpos_ref, q_ref, k_ref, v_ref, o_ref, acc_ref, m_ref,

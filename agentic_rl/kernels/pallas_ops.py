@@ -1,10 +1,10 @@
 """The 'pallas' kernel backend: `make_ops` returns the AttentionOps that
-kernels/dispatch.py hands to the model when config.model.kernel_backend is
+agentic_rl/kernels/dispatch.py hands to the model when config.model.kernel_backend is
 'pallas'.
 
-- causal_attention, sliding_window_attention: kernels/pallas_flash.py;
-- block_sparse_attention: kernels/pallas_block_sparse.py (portable), or
-  kernels/pallas_block_sparse_tpu.py (scalar prefetch, TPU only) when
+- causal_attention, sliding_window_attention: agentic_rl/kernels/pallas_flash.py;
+- block_sparse_attention: agentic_rl/kernels/pallas_block_sparse.py (portable), or
+  agentic_rl/kernels/pallas_block_sparse_tpu.py (scalar prefetch, TPU only) when
   block_sparse_impl='tpu_prefetch';
 - select_blocks: the reference op (top-k stays in XLA).
 
@@ -22,11 +22,11 @@ import functools
 
 import jax
 
-from kernels import pallas_block_sparse
-from kernels import pallas_common
-from kernels import pallas_flash
-from kernels import reference
-from kernels.ops import AttentionOps
+from agentic_rl.kernels import pallas_block_sparse
+from agentic_rl.kernels import pallas_common
+from agentic_rl.kernels import pallas_flash
+from agentic_rl.kernels import reference
+from agentic_rl.kernels.ops import AttentionOps
 
 BLOCK_SPARSE_IMPLS = ("portable", "tpu_prefetch")
 
@@ -88,7 +88,7 @@ def make_ops(interpret: bool = False, *, platform: str | None = None,
 
   def sparse_kernel(q, k, v, blocks, q_pos, block_size):
     if block_sparse_impl == "tpu_prefetch":
-      from kernels import pallas_block_sparse_tpu  # Imports the TPU Pallas module.
+      from agentic_rl.kernels import pallas_block_sparse_tpu  # Imports the TPU Pallas module.
       return pallas_block_sparse_tpu.block_sparse_attention(
           q, k, v, blocks, q_pos, block_size=block_size, interpret=interpret)
     return pallas_block_sparse.block_sparse_attention(

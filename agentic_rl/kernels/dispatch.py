@@ -1,6 +1,6 @@
 """The one place the model picks its attention kernels, by `config.model.kernel_backend`.
 
-Every backend implements the signatures of `kernels.reference`. Selection
+Every backend implements the signatures of `agentic_rl.kernels.reference`. Selection
 (`select_blocks`) always stays in XLA: no Pallas backend lowers top-k.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import functools
 
-from kernels import reference
-from kernels.ops import AttentionOps
+from agentic_rl.kernels import reference
+from agentic_rl.kernels.ops import AttentionOps
 
 
 REFERENCE_OPS = AttentionOps(
@@ -26,6 +26,6 @@ def get_ops(backend: str, interpret: bool = False) -> AttentionOps:
   if backend == "reference":
     return REFERENCE_OPS
   if backend == "pallas":
-    from kernels import pallas_ops  # Imported lazily: reference runs need no Pallas.
+    from agentic_rl.kernels import pallas_ops  # Imported lazily: reference runs need no Pallas.
     return pallas_ops.make_ops(interpret=interpret)
   raise ValueError(f"kernel_backend={backend!r}: expected 'reference' or 'pallas'.")

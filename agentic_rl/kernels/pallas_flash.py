@@ -1,7 +1,7 @@
 """Flash attention over position-masked key tiles: dense causal (F layers) and
 sliding-window (S layers) attention in one Pallas kernel.
 
-Visibility is decided by positions (kernels/reference.py): key p_k is seen by
+Visibility is decided by positions (agentic_rl/kernels/reference.py): key p_k is seen by
 query p_q when 0 <= p_k <= p_q (and p_q - p_k < W with a window), so the same
 kernel serves plain sequences and the S layer's ring buffer + chunk layout,
 whose key order is not monotonic.
@@ -21,7 +21,7 @@ block ([n_tiles, tk, H]) indexed by tile on the leading axis: on GPU that is
 a pointer offset; on TPU the whole S x H slab sits in VMEM, which bounds S
 (a grid-over-tiles TPU variant would lift that; not built).
 
-Axis letters (kernels/pallas_common.py): r a row of a query tile, q a query tile,
+Axis letters (agentic_rl/kernels/pallas_common.py): r a row of a query tile, q a query tile,
 c a key tile and l a key within it, k kv head, h head dim (hp padded).
 """
 
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import pallas_common as pc
+from agentic_rl.kernels import pallas_common as pc
 
 DEFAULT_BLOCK_Q_ROWS = 64  # Query rows (positions x heads of a group) per program.
 DEFAULT_BLOCK_K = 64  # Keys per tile.

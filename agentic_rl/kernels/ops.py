@@ -1,4 +1,4 @@
-"""The attention-op bundle every kernel backend fills: the signatures of `kernels.reference`."""
+"""The attention-op bundle every kernel backend fills: the signatures of `agentic_rl.kernels.reference`."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ and Mosaic (TPU) as well as running in interpret mode:
 - dynamic indexing only on a leading, untiled axis (k_ref[tile] -> [tk, H]);
 - integer tables that are read as scalars live in SMEM on TPU.
 
-Axis letters are kernels/reference.py's (n query heads, k kv heads, g group, h head
+Axis letters are agentic_rl/kernels/reference.py's (n query heads, k kv heads, g group, h head
 dim, c key block or tile, l key within it); inside a kernel, r is a row of a query
 tile: a query position x a query head of the group, flattened.
 """

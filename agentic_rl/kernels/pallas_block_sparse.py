@@ -1,7 +1,7 @@
 """Block-sparse GQA attention (G layers) as a portable Pallas kernel.
 
 Every query group attends only to the key blocks the indexer selected for it
-(kernels/reference.block_sparse_attention). The selection [B, K, T, J] comes
+(agentic_rl/kernels/reference.block_sparse_attention). The selection [B, K, T, J] comes
 in as an ordinary int32 input; selection itself (top-k) stays in XLA.
 
 Grid: (batch, kv head, query position). One program holds the Gp query heads
@@ -15,10 +15,10 @@ A block index past the buffer is clamped for the read, like the reference's
 gather; its tokens lie beyond every position stored, so they are masked.
 
 K/V of one (batch, kv head) are a single block: on GPU a pointer base, on TPU
-a VMEM slab, which bounds the context; kernels/pallas_block_sparse_tpu.py
+a VMEM slab, which bounds the context; agentic_rl/kernels/pallas_block_sparse_tpu.py
 fetches only the selected blocks with scalar prefetch instead.
 
-Axis letters (kernels/pallas_common.py): r a row (a query head of the group), c a key
+Axis letters (agentic_rl/kernels/pallas_common.py): r a row (a query head of the group), c a key
 block and l a token within it, j a selection slot, g group, h head dim (hp padded).
 """
 
@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from kernels import pallas_common as pc
+from agentic_rl.kernels import pallas_common as pc
 
 
 def _block_sparse_kernel(blocks_ref, q_ref, qpos_ref, k_ref, v_ref, o_ref, *, block_size,
