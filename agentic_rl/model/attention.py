@@ -15,8 +15,9 @@ of T rounded up to a block, so their sequences start at position 0.
 Axis letters (one per axis, here, in cache.py and in agentic_rl/kernels/): b batch, t query
 time, s key/cache slot, d d_model, n query heads, k kv heads, g query heads per kv
 head (n = k * g), h head_dim, c key blocks, j selected-block slot, l token within a
-block. Params: w_q_dnh [d, n, h], w_k_dkh / w_v_dkh [d, k, h], w_o_nhd [n, h, d] and,
-on S layers, w_gate_dn [d, n], b_gate_n [n]. (Files saved before this naming hold
+block. Params: w_q_dnh [d, n, h], w_k_dkh / w_v_dkh [d, k, h], w_o_nhd [n, h, d]; on S
+layers, w_gate_dn [d, n], b_gate_n [n] (unless s_gate='none'); with attention_bias, b_q_nh,
+b_k_kh, b_v_kh, b_o_d; with qk_norm, q_norm/scale and k_norm/scale [h]. (Files saved before this naming hold
 w_q_dhk, w_k_dhk, w_v_dhk, w_o_hkd, w_gate_dh, b_gate_h: agentic_rl/train/params_file.py
 renames them on load.)
 """
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 
 from agentic_rl.model import cache as cache_lib
 from agentic_rl.model.config import ModelSpec
-from agentic_rl.model.rope import apply_rope
+from agentic_rl.model.rope import apply_rope, inverse_frequencies
 from agentic_rl.kernels import dispatch
 from agentic_rl.kernels import reference
 
@@ -59,21 +60,25 @@ class Attention(nn.Module):
     w_v_dkh = self.param("w_v_dkh", _fan_in(0, (1, 2)), (d, k, h), pdtype).astype(dtype)
     w_o_nhd = self.param("w_o_nhd", _fan_in((0, 1), 2), (n, h, d), pdtype).astype(dtype)
     x_btd = x_btd.astype(dtype)
-    q_btnh = apply_rope(jnp.einsum("btd,dnh->btnh", x_btd, w_q_dnh), positions_bt,
-                        spec.rope_theta)
-    k_btkh = apply_rope(jnp.einsum("btd,dkh->btkh", x_btd, w_k_dkh), positions_bt,
-                        spec.rope_theta)
+    q_btnh = jnp.einsum("btd,dnh->btnh", x_btd, w_q_dnh)
+    k_btkh = jnp.einsum("btd,dkh->btkh", x_btd, w_k_dkh)
     v_btkh = jnp.einsum("btd,dkh->btkh", x_btd, w_v_dkh)
+    if spec.attention_bias:
+      q_btnh = q_btnh + self._bias("b_q_nh", (n, h))
+      k_btkh = k_btkh + self._bias("b_k_kh", (k, h))
+      v_btkh = v_btkh + self._bias("b_v_kh", (k, h))
+    if spec.qk_norm:  # Qwen3: each head's query and key RMS-normalised before RoPE.
+      q_btnh = self._rms_norm("q_norm")(q_btnh)
+      k_btkh = self._rms_norm("k_norm")(k_btkh)
+    inv_freq_i = inverse_frequencies(h, spec.rope_theta, spec.rope_scaling)
+    q_btnh = apply_rope(q_btnh, positions_bt, inv_freq_i)
+    k_btkh = apply_rope(k_btkh, positions_bt, inv_freq_i)
 
     ops = dispatch.get_ops(spec.kernel_backend, spec.pallas_interpret)
     aux = {}
     if self.layer_type == "S":
       o_btnh, new_cache = self._sliding(ops, q_btnh, k_btkh, v_btkh, positions_bt, layer_cache)
-      # Per-head sigmoid output gate computed from the layer input.
-      w_gate_dn = self.param("w_gate_dn", _fan_in(0, 1), (d, n), pdtype).astype(dtype)
-      b_gate_n = self.param("b_gate_n", nn.initializers.zeros, (n,), pdtype)
-      gate_btn = jax.nn.sigmoid(jnp.einsum("btd,dn->btn", x_btd, w_gate_dn) + b_gate_n)
-      o_btnh = o_btnh * gate_btn[..., None].astype(o_btnh.dtype)
+      o_btnh = o_btnh * self._s_gate(x_btd)[..., None].astype(o_btnh.dtype)
     elif self.layer_type == "F":
       o_btnh, new_cache = self._dense(ops, q_btnh, k_btkh, v_btkh, positions_bt, layer_cache)
     elif self.layer_type == "G":
@@ -83,7 +88,34 @@ class Attention(nn.Module):
     else:
       raise ValueError(f"unknown layer type {self.layer_type!r}")
     y_btd = jnp.einsum("btnh,nhd->btd", o_btnh.astype(dtype), w_o_nhd)
+    if spec.attention_bias:
+      y_btd = y_btd + self._bias("b_o_d", (d,))
     return y_btd, new_cache, aux
+
+  def _bias(self, name, shape):
+    spec = self.spec
+    return self.param(name, nn.initializers.zeros, shape,
+                      jnp.dtype(spec.param_dtype)).astype(spec.dtype)
+
+  def _rms_norm(self, name):
+    spec = self.spec
+    return nn.RMSNorm(epsilon=spec.norm_eps, dtype=spec.dtype, param_dtype=spec.param_dtype,
+                      name=name)
+
+  def _s_gate(self, x_btd):
+    """The S layer's per-head output gate [B, T, N] from the layer input (config.model.s_gate):
+    sigmoid(x W + b); 2 sigmoid(x W + b) with W, b starting at zero, exactly 1 (pass-through)
+    until trained; or 1 with no parameters."""
+    spec = self.spec
+    d, n = spec.d_model, spec.num_heads
+    if spec.s_gate == "none":
+      return jnp.ones(x_btd.shape[:2] + (n,), x_btd.dtype)
+    pdtype = jnp.dtype(spec.param_dtype)
+    init = _fan_in(0, 1) if spec.s_gate == "sigmoid" else nn.initializers.zeros
+    w_gate_dn = self.param("w_gate_dn", init, (d, n), pdtype).astype(x_btd.dtype)
+    b_gate_n = self.param("b_gate_n", nn.initializers.zeros, (n,), pdtype)
+    gate_btn = jax.nn.sigmoid(jnp.einsum("btd,dn->btn", x_btd, w_gate_dn) + b_gate_n)
+    return 2 * gate_btn if spec.s_gate == "unit_sigmoid" else gate_btn
 
   def _sliding(self, ops, q_btnh, k_btkh, v_btkh, positions_bt, layer_cache):
     w = self.spec.sliding_window

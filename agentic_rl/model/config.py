@@ -37,6 +37,10 @@ LAYER_KINDS = {
 }
 LAYER_TYPES = tuple(LAYER_KINDS)
 GATE_FUNCTIONS = ("softmax", "sigmoid")
+# The S layers' per-head output gate: sigmoid(x W + b) (the project's own); 2 sigmoid(x W + b),
+# exactly 1 at zero weights, so a dense model retrofitted to S layers starts unchanged; none.
+S_GATES = ("sigmoid", "unit_sigmoid", "none")
+ROPE_SCALINGS = ("none", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
 KERNEL_BACKENDS = ("reference", "pallas")
 
@@ -77,6 +81,29 @@ class MoESpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class RopeScalingSpec:
+  """`config.model.rope_scaling`: how RoPE frequencies stretch past the pretraining context.
+
+  kind 'llama3' (Llama 3.1+): wavelengths longer than original_max_len / low_freq_factor are
+  divided by `factor`, those shorter than original_max_len / high_freq_factor are kept, and
+  the band between is interpolated (model/rope.py)."""
+
+  kind: str = "none"  # or "llama3"
+  factor: float = 8.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_len: int = 8192
+
+  def __post_init__(self):
+    one_of(self.kind, "kind", ROPE_SCALINGS)
+    if self.kind == "llama3":
+      check(self.factor >= 1.0, "factor", self.factor, ">= 1")
+      check(0 < self.low_freq_factor < self.high_freq_factor, "low_freq_factor",
+            self.low_freq_factor, f"positive and below high_freq_factor={self.high_freq_factor}")
+      _positive_int("original_max_len", self.original_max_len)
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
   """`config.model` as checked: a small hybrid MoE by default; configs override what they
   need."""
@@ -90,8 +117,15 @@ class ModelSpec:
   num_kv_heads: int = 2
   head_dim: int = 16
   rope_theta: float = 10_000.0
+  rope_scaling: RopeScalingSpec = RopeScalingSpec()
   norm_eps: float = 1e-6
   tie_embeddings: bool = True
+  # Architecture options of the Hugging Face families (model/families/): Qwen3's RMSNorm of
+  # each query and key head before RoPE; Llama's biases on q, k, v, o and on the FFN.
+  qk_norm: bool = False
+  attention_bias: bool = False
+  mlp_bias: bool = False
+  s_gate: str = "sigmoid"  # The S layers' output gate: S_GATES.
   value_head: bool = False  # A critic read-out on the same trunk (GAE); aux["values"].
   max_seq_len: int = 512  # Capacity of full (F, G) caches; positions must stay below it.
 
@@ -100,6 +134,10 @@ class ModelSpec:
   topk_tokens: int = 32  # k for G layers: k / B blocks are selected per query group.
 
   num_dense_layers: int = 1  # The first N layers use a dense FFN instead of MoE.
+  # Qwen-MoE's per-layer choice: layer i is MoE only if (i + 1) % moe_layer_step == 0 and i is
+  # not in dense_layers (decoder_sparse_step, mlp_only_layers), on top of num_dense_layers.
+  moe_layer_step: int = 1
+  dense_layers: tuple[int, ...] = ()
   d_ff: int = 128  # Hidden size of the dense FFN.
 
   moe: MoESpec = MoESpec()
@@ -122,8 +160,14 @@ class ModelSpec:
           f"a multiple of block_size={self.block_size}")
     check(is_int(self.num_dense_layers) and 0 <= self.num_dense_layers <= self.num_layers,
           "num_dense_layers", self.num_dense_layers, f"between 0 and num_layers={self.num_layers}")
-    check(is_int(self.d_ff) and (self.d_ff > 0 or self.num_dense_layers == 0), "d_ff",
-          self.d_ff, "a positive integer when num_dense_layers > 0")
+    _positive_int("moe_layer_step", self.moe_layer_step)
+    bad = [i for i in self.dense_layers if not (is_int(i) and 0 <= i < self.num_layers)]
+    check(not bad, "dense_layers", self.dense_layers,
+          f"layer indices in [0, num_layers={self.num_layers})")
+    has_dense = any(not self.is_moe_layer(i) for i in range(self.num_layers))
+    check(is_int(self.d_ff) and (self.d_ff > 0 or not has_dense), "d_ff",
+          self.d_ff, "a positive integer when a layer has a dense FFN")
+    one_of(self.s_gate, "s_gate", S_GATES)
     for name in ("dtype", "param_dtype", "cache_dtype"):
       one_of(getattr(self, name), name, DTYPES)
     one_of(self.kernel_backend, "kernel_backend", KERNEL_BACKENDS)
@@ -144,13 +188,23 @@ class ModelSpec:
     return -(-self.max_seq_len // self.block_size)
 
   def is_moe_layer(self, layer: int) -> bool:
-    return self.moe.num_experts > 0 and layer >= self.num_dense_layers
+    return (self.moe.num_experts > 0 and layer >= self.num_dense_layers
+            and layer not in self.dense_layers and (layer + 1) % self.moe_layer_step == 0)
 
   def replay_keys(self, layer: int) -> tuple[str, ...]:
     """What layer `layer` records in aux["layers"] and a replay can force: "experts" on
     MoE layers, "blocks" on block-sparse (G) layers. Consumers ask this, not the letters."""
     return ((("experts",) if self.is_moe_layer(layer) else ())
             + LAYER_KINDS[self.layer_types[layer]].replay)
+
+  def pass_through_params(self) -> tuple[str, ...]:
+    """Params (slash paths) that start as a pass-through: the S layers' gates under
+    s_gate='unit_sigmoid' (zero weights give a gate of exactly 1). A dense base (an
+    imported Hugging Face model) lacks them; loading it into the hybrid starts them at init."""
+    if self.s_gate != "unit_sigmoid":
+      return ()
+    return tuple(f"layer_{i}/attn/{name}" for i, kind in enumerate(self.layer_types)
+                 if kind == "S" for name in ("w_gate_dn", "b_gate_n"))
 
   def replace(self, **changes) -> "ModelSpec":
     return dataclasses.replace(self, **changes)

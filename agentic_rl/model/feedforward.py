@@ -17,11 +17,13 @@ fan_in_init = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_nor
 
 
 class DenseFeedForward(nn.Module):
-  """SwiGLU FFN over the last axis. Params: w_gate_df, w_up_df [D, F]; w_down_fd [F, D]."""
+  """SwiGLU FFN over the last axis. Params: w_gate_df, w_up_df [D, F]; w_down_fd [F, D]; with
+  use_bias (Llama's mlp_bias), b_gate_f, b_up_f [F] and b_down_d [D]."""
 
   d_ff: int
   dtype: Any = jnp.float32  # Compute dtype (a jnp dtype or its name, e.g. "bfloat16").
   param_dtype: Any = jnp.float32
+  use_bias: bool = False
 
   @nn.compact
   def __call__(self, x_btd: jax.Array) -> jax.Array:
@@ -35,4 +37,14 @@ class DenseFeedForward(nn.Module):
     x = x_btd.astype(dtype)
     gate = jnp.einsum("...d,df->...f", x, w_gate_df.astype(dtype))
     up = jnp.einsum("...d,df->...f", x, w_up_df.astype(dtype))
-    return jnp.einsum("...f,fd->...d", jax.nn.silu(gate) * up, w_down_fd.astype(dtype))
+    if self.use_bias:
+      gate = gate + self._bias("b_gate_f", self.d_ff)
+      up = up + self._bias("b_up_f", self.d_ff)
+    y = jnp.einsum("...f,fd->...d", jax.nn.silu(gate) * up, w_down_fd.astype(dtype))
+    if self.use_bias:
+      y = y + self._bias("b_down_d", d_model)
+    return y
+
+  def _bias(self, name, size):
+    return self.param(name, nn.initializers.zeros, (size,),
+                      jnp.dtype(self.param_dtype)).astype(self.dtype)

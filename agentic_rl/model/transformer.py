@@ -155,7 +155,8 @@ class Block(nn.Module):
       aux["expert_load"] = moe_aux["expert_load"]
       moe_loss = moe_aux["aux_loss"]
     else:
-      ffn_out = DenseFeedForward(spec.d_ff, spec.dtype, spec.param_dtype, name="ffn")(h)
+      ffn_out = DenseFeedForward(spec.d_ff, spec.dtype, spec.param_dtype,
+                                 use_bias=spec.mlp_bias, name="ffn")(h)
     return x_btd + ffn_out, new_cache, aux, moe_loss
 
 

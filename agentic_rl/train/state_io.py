@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from agentic_rl import resources
+from agentic_rl.model import config as model_config
 from agentic_rl.rl.train_step import TrainState
 from agentic_rl.train import distributed
 from agentic_rl.train import fingerprint as fingerprint_lib
@@ -155,8 +156,10 @@ class StateIO:
         fingerprint_lib.of_config_json(os.path.join(folder, "config.json")), config,
         f"{source}={path!r}")
     # A value head (route A's critic) starts fresh on a base that has none.
+    # So do the S gates of a hybrid retrofitted over a dense base: they start as pass-through.
+    fresh = ("value_head/",) + model_config.validate(config.model).pass_through_params()
     params = params_file.load_params(path, jax.device_get(like.params), source,
-                                     fresh_prefixes=("value_head/",))
+                                     fresh_prefixes=fresh)
     params = (distributed.replicate(self.mesh, params) if self.info.process_count > 1
               else jax.tree.map(jnp.asarray, params))
     meta = params_file.read_metadata(path)

@@ -7,13 +7,18 @@ from agentic_rl.model.config import ModelSpec, MoESpec, default_model_config, va
 from tests.dict_sections import DictSections
 
 # The ConfigDict layout config files and configs/assets/base_tiny_bpe/config.json edit,
-# as it was when default_model_config was written by hand.
+# as it was when default_model_config was written by hand, plus the Hugging Face families'
+# options (issue 18), whose defaults leave the project's own model unchanged.
 DEFAULTS = {
     "vocab_size": 320, "d_model": 64, "num_layers": 4, "layer_pattern": "SSSG",
     "num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "rope_theta": 10_000.0,
     "norm_eps": 1e-6, "tie_embeddings": True, "value_head": False, "max_seq_len": 512,
     "sliding_window": 32, "block_size": 8, "topk_tokens": 32, "num_dense_layers": 1,
     "d_ff": 128,
+    "rope_scaling": {"kind": "none", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_len": 8192},
+    "qk_norm": False, "attention_bias": False, "mlp_bias": False, "s_gate": "sigmoid",
+    "moe_layer_step": 1, "dense_layers": (),
     "moe": {"num_experts": 8, "num_experts_per_token": 2, "d_ff_expert": 32,
             "num_shared_experts": 1, "gate": "softmax", "renormalize": True,
             "aux_loss_coef": 1e-2, "use_routing_bias": False, "routing_bias_rate": 1e-3},
@@ -51,7 +56,7 @@ def test_values_are_coerced_and_layer_types_follow_the_pattern():
 
 @pytest.mark.parametrize("edit,message", [
     (lambda c: c.update({"num_head": 4}),
-     "config.model has unknown field num_head; valid fields: block_size, cache_dtype, d_ff, "),
+     "config.model has unknown field num_head; valid fields: attention_bias, block_size, "),
     (lambda c: c.moe.update({"num_expert": 4}),
      "config.model.moe has unknown field num_expert; valid fields: aux_loss_coef, d_ff_expert, "
      "gate, num_experts, num_experts_per_token, num_shared_experts, renormalize, "
