@@ -1,0 +1,60 @@
+"""The config.py an import writes beside the params: the SWE RL job on the imported model.
+
+It reads config.json beside it (our model and tokenizer sections), so the file is the same
+for every import; `:retrofit` turns the dense layers into the 3:1 hybrid (S, S, S, G) over
+the same weights (launch/hf_parity.py measures what that costs the model).
+"""
+
+CONFIG_PY = '''"""RL on the SWE env from the Hugging Face model imported into this folder.
+
+    python -m launch.train --config THIS_FOLDER/config.py --workdir /tmp/rl
+    python -m launch.train --config THIS_FOLDER/config.py:retrofit --workdir /tmp/rl_hybrid
+
+Written by launch.import_hf. The model and tokenizer sections come from config.json beside
+this file; the RL recipe is configs/quickstart.py's. `retrofit` makes layers S, S, S, G:
+S gates start as a pass-through, G layers select blocks by pooled keys, and the layout
+fingerprint is allowed to change from the dense import.
+"""
+
+import json
+import os
+
+from agentic_rl.interop import run_config
+
+
+def get_config(arg=""):
+  here = os.path.dirname(os.path.abspath(__file__))
+  with open(os.path.join(here, "config.json")) as f:
+    saved = json.load(f)
+  return run_config.build(here, saved, retrofit=(arg == "retrofit"))
+'''
+
+
+def build(folder: str, saved: dict, *, retrofit: bool = False):
+  """configs/quickstart.py's RL job with `saved`'s model and tokenizer, started from
+  `folder`."""
+  from agentic_rl.model.config import default_model_config
+  from configs import quickstart
+
+  config = quickstart.get_config()
+  model = default_model_config()
+  model.update_from_flattened_dict(_flatten(saved["model"]))
+  config.model = model
+  for key, value in saved.get("tokenizer", {}).items():
+    config.tokenizer[key] = value
+  config.train.init_checkpoint = folder
+  if retrofit:
+    m = config.model
+    m.layer_pattern, m.s_gate = "SSSG", "unit_sigmoid"
+    config.train.allow_fingerprint_change = ("layer_pattern",)
+  return config
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(_flatten(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+  return out
