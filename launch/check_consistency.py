@@ -6,6 +6,11 @@ the same tokens, and prints how far they differ. Run it whenever an attention
 or cache setting changes.
 
     python -m launch.check_consistency --config configs/quickstart.py --length 256
+    python -m launch.check_consistency --config IMPORTED/config.py --length 64
+
+The params are config.train.init_checkpoint's when it is set (a params folder such as an
+import of launch.import_hf or a shipped base, or a run's checkpoint), else a random init
+from config.seed.
 """
 
 import json
@@ -49,6 +54,29 @@ def selection_agreement(layers_a, layers_b, key):
   return hits / total if total else None
 
 
+def start_params(config, model):
+  """(params, where they came from): config.train.init_checkpoint's, or a random init."""
+  params = model.init(jax.random.key(config.seed))
+  path = config.train.init_checkpoint
+  if not path:
+    return params, f"random init (seed {config.seed})"
+  from agentic_rl import resources
+  from agentic_rl.train import params_file
+  if params_file.params_path(resources.resolve(path)):
+    fresh = ("value_head/",) + model.spec.pass_through_params()
+    return params_file.load_params(resources.resolve(path), params,
+                                   "config.train.init_checkpoint", fresh_prefixes=fresh), path
+  import tempfile
+  from agentic_rl.train.trainer import Trainer
+  with tempfile.TemporaryDirectory() as scratch:
+    trainer = Trainer(config, scratch)
+    try:
+      loaded, _ = trainer.load_params(path, "config.train.init_checkpoint")
+    finally:
+      trainer.close()
+  return loaded, path
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
@@ -57,7 +85,7 @@ def main(argv):
   if length > spec.max_seq_len:
     raise app.UsageError(f"--length={length} exceeds config.model.max_seq_len={spec.max_seq_len}")
   model = transformer.Model(spec)
-  params = model.init(jax.random.key(config.seed))
+  params, source = start_params(config, model)
   tokens = jax.random.randint(jax.random.key(config.seed + 1), (batch, length), 0,
                               spec.vocab_size)
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
@@ -88,6 +116,7 @@ def main(argv):
   logp_full = jax.nn.log_softmax(full_logits)
   logp_cached = jax.nn.log_softmax(cached_logits)
   report = {
+      "params": source,
       "config_layer_types": "".join(spec.layer_types),
       "cache_dtype": spec.cache_dtype,
       "length": length,

@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 
 from safetensors.numpy import load_file  # noqa: E402
 
-from agentic_rl.interop import hf_export, hf_import  # noqa: E402
+from agentic_rl.interop import hf_export, hf_import, run_config  # noqa: E402
 from agentic_rl.interop.hf_source import CheckpointError  # noqa: E402
 from agentic_rl.model import families  # noqa: E402
 from agentic_rl.model.families.hf_config import UnsupportedConfig  # noqa: E402
@@ -185,3 +185,20 @@ def test_the_import_streams_one_tensor_at_a_time(tmp_path):
     tracemalloc.stop()
   assert model_bytes > 8 * largest
   assert peak < 4 * largest, (peak, largest, model_bytes)
+
+
+@pytest.mark.parametrize("arg", ["", ":retrofit"])
+def test_check_consistency_reads_the_import_through_its_config(saved, tmp_path, arg):
+  """launch.check_consistency takes the import's params via config.train.init_checkpoint,
+  dense and as the retrofitted hybrid (S gates starting at pass-through)."""
+  out = str(tmp_path / "imported")
+  hf_import.import_checkpoint(saved["qwen3_moe"][0], out, config_py=run_config.CONFIG_PY)
+  run = subprocess.run([sys.executable, "-m", "launch.check_consistency", "--config",
+                        f"{out}/config.py{arg}", "--length", "24", "--prefill", "8",
+                        "--chunk", "8"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600)
+  assert run.returncode == 0, run.stderr[-3000:]
+  report = json.loads(run.stdout[run.stdout.index("{"):])
+  assert report["params"] == out
+  assert report["config_layer_types"] == ("SSSG" if arg else "FFFF")
+  assert report["max_abs_logit_diff"] < 1e-4 and report["routing_agreement"] == 1.0
