@@ -22,6 +22,9 @@ MEMORY_CGROUP_MODES = ("auto", "best_effort", "off")
 BUDGET_END_REWARDS = ("zero", "measured")
 # How a measured test outcome becomes reward (agentic_rl/envs/swe_env.py: episode_reward).
 REWARDS = ("repaired_fraction", "tests_fraction", "outcome")
+# How the agent writes a tool call: the toy's grammar (agentic_rl/envs/tool_call.py) or a
+# model's native JSON calls (agentic_rl/envs/json_tool_call.py: Qwen3 / Hermes).
+TOOL_FORMATS = ("grammar", "json")
 BUG_FAMILIES = (
     "wrong_constant",
     "swapped_operator",
@@ -178,6 +181,7 @@ class EnvSpec:
   budget_end_reward: str = "zero"
   process_signal_on_edit: bool = True  # Re-measure tests (hidden) after each replace.
   max_observation_chars: int = 1200  # Hard bound on every observation returned.
+  tool_format: str = "grammar"  # One of TOOL_FORMATS.
   max_tool_call_chars: int = 4000  # Longer calls are refused before parsing arguments.
   max_body_chars: int = 3000  # Bound on the body of replace / python.
   max_path_chars: int = 120
@@ -199,6 +203,7 @@ class EnvSpec:
     check(self.time_budget_s > 0, "time_budget_s", self.time_budget_s, "a number > 0")
     one_of(self.reward, "reward", REWARDS)
     one_of(self.budget_end_reward, "budget_end_reward", BUDGET_END_REWARDS)
+    one_of(self.tool_format, "tool_format", TOOL_FORMATS)
     _int_in("max_observation_chars", self.max_observation_chars, 200)
     _int_in("max_tool_call_chars", self.max_tool_call_chars, 16)
     _int_in("max_body_chars", self.max_body_chars, 1, self.max_tool_call_chars)

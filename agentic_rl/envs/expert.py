@@ -29,6 +29,7 @@ import re
 
 from agentic_rl.envs import mutations
 from agentic_rl.envs.grading import plain_equal
+from agentic_rl.envs.json_tool_call import format_json_tool_call
 from agentic_rl.envs.tool_call import format_tool_call
 
 _LS_RE = re.compile(r"^(\S+) \((\d+) lines\)$")
@@ -57,6 +58,8 @@ class _Player:
   def __init__(self, env, max_turns: int):
     self.env = env
     self.max_turns = max_turns
+    json_calls = getattr(env.config, "tool_format", "grammar") == "json"
+    self.format = format_json_tool_call if json_calls else format_tool_call
     self.turns, self.infos = [], []
     self.reward, self.done, self.end_reason = 0.0, False, ""
 
@@ -66,7 +69,7 @@ class _Player:
     if name != "submit" and len(self.turns) >= self.max_turns - 1:
       self.act("submit")  # Keep the last turn for submitting.
       raise _OutOfTurns()
-    text = format_tool_call(name, **args)
+    text = self.format(name, **args)
     obs, reward, done, info = self.env.step(text)
     self.turns.append((text, obs))
     self.infos.append(info)

@@ -1,6 +1,7 @@
 """The software-engineering environment: fix a generated repository until its tests pass.
 
-Tools (grammar in agentic_rl/envs/tool_call.py): ls, view, replace, test,
+Tools (grammar in agentic_rl/envs/tool_call.py, or with config.tool_format='json' the
+native JSON calls of agentic_rl/envs/json_tool_call.py): ls, view, replace, test,
 python, submit; each task's allowlist says which it may call. Every step is
 one turn and one audit line, whatever the action was. Nothing the policy emits
 raises out of `step`: malformed calls, unknown or denied tools, bad arguments,
@@ -47,7 +48,9 @@ from agentic_rl.envs.env import StepResult
 from agentic_rl.envs.permissions import PermissionPolicy
 from agentic_rl.envs.sandbox import RunResult, Sandbox, resolve_isolation
 from agentic_rl.envs.swe_tasks import SweTask
-from agentic_rl.envs.tool_call import ToolCallError, parse_tool_call
+from agentic_rl.envs.json_tool_call import (EXAMPLE, json_usage, parse_json_tool_call,
+                                            tool_schemas)
+from agentic_rl.envs.tool_call import TOOL_SPECS, ToolCallError, parse_tool_call
 from agentic_rl.envs.workspace import FileToolError, PathRefused
 
 log = logging.getLogger(__name__)
@@ -110,6 +113,9 @@ class SweEnv:
     self._sandbox: Sandbox | None = None
     self._finalizer = None
     self._task: SweTask | None = None
+    # JSON schemas of the task's tools with tool_format='json' (set by reset), for chat
+    # templates that render them; None with the grammar.
+    self.tools: list[dict] | None = None
     self.done = True
     self.trajectory_id = ""
     self.turn = 0
@@ -141,9 +147,17 @@ class SweEnv:
     self.tests_passed = task.hidden_initial_passed
     module = task.files[task.module_path].encode("utf-8")
     self._hidden_key = (hashlib.sha256(module).hexdigest(), "")
-    tools = " | ".join(_USAGE[t] for t in _USAGE if t in task.allowlist)
+    allowed = [t for t in _USAGE if t in task.allowlist]
+    if self.config.tool_format == "json":
+      self.tools = tool_schemas(allowed)
+      tools = " | ".join(json_usage(TOOL_SPECS[t]) for t in allowed)
+      call = EXAMPLE
+    else:
+      self.tools = None
+      tools = " | ".join(_USAGE[t] for t in allowed)
+      call = "<tool_call>NAME ARGS</tool_call>"
     obs = (f"Repository with failing tests. Fix the code so that all tests pass, then submit.\n"
-           f"Tools: {tools}\nOne call per turn: <tool_call>NAME ARGS</tool_call>")
+           f"Tools: {tools}\nOne call per turn: {call}")
     return bound_text(obs, self.config.max_observation_chars)[0]
 
   def step(self, action_text: str) -> StepResult:
@@ -161,8 +175,9 @@ class SweEnv:
                      decision="denied", reason="time budget exhausted")
       args = {"raw": action_text if isinstance(action_text, str) else repr(action_text)}
     else:
-      call = parse_tool_call(action_text, max_call_chars=c.max_tool_call_chars,
-                             max_body_chars=c.max_body_chars, max_path_chars=c.max_path_chars)
+      parse = parse_json_tool_call if c.tool_format == "json" else parse_tool_call
+      call = parse(action_text, max_call_chars=c.max_tool_call_chars,
+                   max_body_chars=c.max_body_chars, max_path_chars=c.max_path_chars)
       if isinstance(call, ToolCallError):
         tool = call.tool
         args = {"raw": action_text if isinstance(action_text, str) else repr(action_text)}

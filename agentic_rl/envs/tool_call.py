@@ -61,6 +61,7 @@ class Param:
   name: str
   kind: str  # "path" or "int"
   optional: bool = False
+  description: str = ""  # For the JSON schema (json_tool_call.tool_schemas).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,19 +71,31 @@ class ToolSpec:
   body: str | None = None  # Name of the body argument, when the tool takes one.
   body_required: bool = False  # A non-empty body is required.
   usage: str = ""
+  description: str = ""  # What the tool does, for the JSON schema.
+  body_description: str = ""
 
 
+_PATH = Param("path", "path", description="a file of the workspace, relative to its root")
 TOOL_SPECS: dict[str, ToolSpec] = {
     s.name: s for s in (
-        ToolSpec("ls", (), usage="ls"),
-        ToolSpec("view", (Param("path", "path"), Param("start", "int", True),
-                          Param("end", "int", True)), usage="view PATH [START [END]]"),
-        ToolSpec("replace", (Param("path", "path"), Param("start", "int"), Param("end", "int")),
-                 body="text", usage="replace PATH START END, then the new lines"),
-        ToolSpec("test", (), usage="test"),
+        ToolSpec("ls", (), usage="ls", description="List the files of the workspace."),
+        ToolSpec("view", (_PATH, Param("start", "int", True, "the first line shown (from 1)"),
+                          Param("end", "int", True, "the last line shown (inclusive)")),
+                 usage="view PATH [START [END]]",
+                 description="Show a file with line numbers, lines start..end inclusive."),
+        ToolSpec("replace", (_PATH, Param("start", "int", description="the first line replaced"),
+                             Param("end", "int", description="the last line replaced; "
+                                   "start - 1 inserts before start")),
+                 body="text", usage="replace PATH START END, then the new lines",
+                 description="Replace lines start..end of a file with the lines of text.",
+                 body_description="the new lines, separated by newlines; empty deletes"),
+        ToolSpec("test", (), usage="test", description="Run the test suite."),
         ToolSpec("python", (), body="code", body_required=True,
-                 usage="python, then the script on the following lines"),
-        ToolSpec("submit", (), usage="submit"),
+                 usage="python, then the script on the following lines",
+                 description="Run a Python script in the sandbox.",
+                 body_description="the script"),
+        ToolSpec("submit", (), usage="submit",
+                 description="End the episode; the reward is the test pass rate."),
     )
 }
 
@@ -103,14 +116,13 @@ def _usage(spec: ToolSpec) -> str:
   return f"usage: {spec.usage}"
 
 
-def _parse(text: str, max_call_chars: int, max_body_chars: int,
-           max_path_chars: int) -> ToolCall | ToolCallError:
+def extract_call(text, example: str, max_call_chars: int) -> str | ToolCallError:
+  """The text between the one OPEN and the one CLOSE of an action (any format of call)."""
   if not isinstance(text, str):
     return ToolCallError(f"action must be text, got {type(text).__name__}")
   n_open = text.count(TOOL_CALL_OPEN)
   if n_open == 0:
-    return ToolCallError(f"no tool call found: write one call as "
-                         f"{TOOL_CALL_OPEN}NAME ARGS{TOOL_CALL_CLOSE}")
+    return ToolCallError(f"no tool call found: write one call as {example}")
   if n_open > 1:
     return ToolCallError(f"{n_open} tool calls found: emit exactly one {TOOL_CALL_OPEN} per turn")
   start = text.index(TOOL_CALL_OPEN) + len(TOOL_CALL_OPEN)
@@ -124,6 +136,14 @@ def _parse(text: str, max_call_chars: int, max_body_chars: int,
   inner = text[start:end]
   if len(inner) > max_call_chars:
     return ToolCallError(f"tool call too long: {len(inner)} characters, limit {max_call_chars}")
+  return inner
+
+
+def _parse(text: str, max_call_chars: int, max_body_chars: int,
+           max_path_chars: int) -> ToolCall | ToolCallError:
+  inner = extract_call(text, f"{TOOL_CALL_OPEN}NAME ARGS{TOOL_CALL_CLOSE}", max_call_chars)
+  if isinstance(inner, ToolCallError):
+    return inner
 
   nl = inner.find("\n")
   header, raw_body = (inner, None) if nl < 0 else (inner[:nl], inner[nl + 1:])
