@@ -28,7 +28,8 @@ once for the next ready prompt.
 Environment protocol: `env_factory() -> env`; `env.reset(task) -> str`;
 `env.step(action_text) -> StepResult(observation, reward, done, info)` with
 info['process_signal'] and, when done, info['end_reason']; `env.close()`;
-an optional `env.system_prompt` str. Rewards are summed over steps.
+an optional `env.system_prompt` str and, read after reset, an optional `env.tools` list of
+JSON tool schemas (for chat templates that render them). Rewards are summed over steps.
 
 Text boundary: every observation and every action (decoded from the model, or a
 teacher's) passes through `valid_text` before a tokenizer or an environment sees it,
@@ -245,7 +246,9 @@ class RolloutEngine(TrajectoryTurns):
     try:
       turns = ([("system", valid_text(system))] if system else []) + \
           [("user", first.observation)]
-      prompt = self.tokenizer.render_conversation(turns, add_generation_prompt=True)
+      tools = getattr(first.env, "tools", None)  # Passed only when set: it is optional.
+      prompt = self.tokenizer.render_conversation(
+          turns, add_generation_prompt=True, **({"tools": tools} if tools else {}))
     except Exception as e:
       self._fail_group(group, config_lib.END_RENDER_ERROR, e)
       return

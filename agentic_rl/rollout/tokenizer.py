@@ -23,7 +23,8 @@ Conversation layout (one trajectory, left to right):
 
 (The spaces above are for reading; no separator tokens are inserted.)
 
-- `render_turn(role, text)` = [role id] + encode(text) + [end_turn id].
+- `render_turn(role, text)` = [role id] + encode(text) + [end_turn id];
+  `observation_turn(text)` = render_turn("tool", text).
 - `<|bos|>` appears once, at the start (`render_conversation` adds it).
 - A model turn is prompted by `generation_prompt()` = [assistant id], which the
   engine writes (loss mask 0). The model's tokens are everything after it up
@@ -38,6 +39,11 @@ written "<tool_call>" must become the tag id), but encodes 'user' and 'tool'
 text verbatim (task text and environment output are untrusted: a file that
 contains "<|end_turn|>" must not forge a turn boundary). `parse_special=`
 overrides this per call.
+
+With config.tokenizer.chat_template set, the layout is instead the model's own jinja chat
+template over its tokenizer.json (agentic_rl/rollout/chat_template.py); the engine uses the
+same methods (render_conversation, generation_prompt, observation_turn, stop_ids,
+end_turn_id), so both layouts lay out trajectories alike.
 
 Decoding never raises on ids a model can emit: ids outside [0, vocab_size)
 decode to U+FFFD, and byte sequences that are not valid UTF-8 decode with
@@ -106,9 +112,13 @@ class Tokenizer(Protocol):
 
   def render_turn(self, role: str, text: str, *, parse_special: bool | None = None) -> list[int]: ...
 
-  def render_conversation(self, turns, *, add_generation_prompt: bool = False) -> list[int]: ...
+  def render_conversation(self, turns, *, add_generation_prompt: bool = False,
+                          tools=None) -> list[int]: ...
 
   def generation_prompt(self) -> list[int]: ...
+
+  def observation_turn(self, text: str) -> list[int]:
+    """The ids between a model turn's stop id and the next generation prompt."""
 
 
 def _as_id_list(ids) -> list[int]:
@@ -181,9 +191,19 @@ class ChatTokenizer(abc.ABC):
     """The ids that open a model turn."""
     return [self.special_ids["assistant"]]
 
+  def observation_turn(self, text: str) -> list[int]:
+    """The ids that follow a model turn's stop id up to the next generation prompt, for an
+    environment observation: here the tool turn."""
+    return self.render_turn("tool", text)
+
   def render_conversation(self, turns: Iterable[tuple[str, str] | Mapping[str, str]], *,
-                          add_generation_prompt: bool = False) -> list[int]:
-    """[bos] + render_turn of each (role, text) pair or {'role', 'content'} dict."""
+                          add_generation_prompt: bool = False,
+                          tools: Iterable[Mapping] | None = None) -> list[int]:
+    """[bos] + render_turn of each (role, text) pair or {'role', 'content'} dict.
+
+    `tools` (JSON schemas) are for chat templates that render them; the built-in layout
+    has no place for them and leaves them out: the environment's observation describes
+    its tools."""
     ids = [self.bos_id]
     for i, turn in enumerate(turns):
       if isinstance(turn, Mapping):
@@ -425,31 +445,41 @@ class HFTokenizer(ChatTokenizer):
   def encode(self, text: str, *, parse_special: bool = True) -> list[int]:
     if not isinstance(text, str):
       raise TypeError(f"encode expects str, got {type(text).__name__}.")
-    surrogate = _SURROGATE.search(text)
-    if surrogate:
-      raise ValueError(f"text has a lone surrogate {surrogate.group()!r} at index "
-                       f"{surrogate.start()}; Hugging Face tokenizers only encode valid Unicode "
-                       "(use ByteTokenizer for such text).")
+    surrogate_error(text)
     tok = self._tokenizer if parse_special else self._verbatim
     return tok.encode(text, add_special_tokens=False).ids
 
   def decode(self, ids: Iterable[int]) -> str:
-    parts: list[str] = []
-    run: list[int] = []
-    for i in _as_id_list(ids):
-      if 0 <= i < self._vocab_size:
-        run.append(i)
-        continue
-      if run:
-        parts.append(self._tokenizer.decode(run, skip_special_tokens=False))
-        run = []
-      parts.append(REPLACEMENT_CHAR)
-    if run:
-      parts.append(self._tokenizer.decode(run, skip_special_tokens=False))
-    return "".join(parts)
+    return decode_hf(self._tokenizer, self._vocab_size, ids)
 
   def __repr__(self) -> str:
     return f"HFTokenizer({self._source!r}, vocab_size={self.vocab_size})"
+
+
+def surrogate_error(text: str) -> None:
+  """Raises on a lone surrogate, which Hugging Face tokenizers cannot encode."""
+  surrogate = _SURROGATE.search(text)
+  if surrogate:
+    raise ValueError(f"text has a lone surrogate {surrogate.group()!r} at index "
+                     f"{surrogate.start()}; Hugging Face tokenizers only encode valid Unicode "
+                     "(use ByteTokenizer for such text).")
+
+
+def decode_hf(hf_tokenizer, vocab_size: int, ids: Iterable[int]) -> str:
+  """A tokenizers.Tokenizer's decode that never raises: out-of-range ids become U+FFFD."""
+  parts: list[str] = []
+  run: list[int] = []
+  for i in _as_id_list(ids):
+    if 0 <= i < vocab_size:
+      run.append(i)
+      continue
+    if run:
+      parts.append(hf_tokenizer.decode(run, skip_special_tokens=False))
+      run = []
+    parts.append(REPLACEMENT_CHAR)
+  if run:
+    parts.append(hf_tokenizer.decode(run, skip_special_tokens=False))
+  return "".join(parts)
 
 
 def _merge_special_tokens(overrides: Mapping[str, str] | None,
@@ -481,4 +511,8 @@ def make_tokenizer(config) -> ChatTokenizer:
   resolved = resources.resolve(spec.path)
   if not (os.path.isfile(resolved) or os.path.isfile(os.path.join(resolved, "tokenizer.json"))):
     raise ValueError(f"config.tokenizer.path={spec.path!r}: no tokenizer.json at {resolved}.")
+  if spec.chat_template:
+    from agentic_rl.rollout import chat_template  # It builds on this module.
+    return chat_template.TemplateTokenizer.from_dir(resolved, spec.chat_template,
+                                                    stop_tokens=spec.stop_tokens)
   return HFTokenizer.from_file(resolved, spec.special_tokens.as_dict())

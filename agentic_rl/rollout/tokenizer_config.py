@@ -1,4 +1,5 @@
-"""The `config.tokenizer` section: which tokenizer a run uses and its special-token strings.
+"""The `config.tokenizer` section: which tokenizer a run uses, its special-token strings and
+its chat layout (the built-in one, or the model's jinja chat template).
 
 `TokenizerSpec` holds the defaults and checks (agentic_rl/config_schema.py);
 `default_tokenizer_config` generates the ConfigDict that config files edit, and
@@ -52,8 +53,15 @@ class TokenizerSpec:
 
   kind: str  # 'byte' | 'hf'
   path: str = ""  # hf: a tokenizer.json, or a directory holding one.
-  # hf: our special-token name -> the file's added-token string.
+  # hf, built-in layout: our special-token name -> the file's added-token string.
   special_tokens: SpecialTokensSpec = SpecialTokensSpec()
+  # '' = the built-in layout (tokenizer.py); 'file' = the chat template of the tokenizer's
+  # directory (chat_template.jinja, else tokenizer_config.json's chat_template); else the
+  # path of a .jinja file. The template's layout replaces special_tokens (chat_template.py).
+  chat_template: str = ""
+  # chat_template: added tokens that also end a model turn, beyond the template's end of
+  # turn and eos (e.g. Llama 3.1's '<|eom_id|>').
+  stop_tokens: tuple[str, ...] = ()
 
   def __post_init__(self):
     one_of(self.kind, "kind", TOKENIZER_KINDS)
@@ -65,9 +73,21 @@ class TokenizerSpec:
         check(content == fixed[name], f"special_tokens.{name}", content,
               f"{fixed[name]!r}: the byte tokenizer's special tokens are fixed (they are only "
               "configurable with kind='hf')")
+      check(self.chat_template == "", "chat_template", self.chat_template,
+            "'' (the byte tokenizer has the built-in layout; a chat template needs kind='hf')")
     else:
       check(bool(self.path), "path", self.path,
             "the path of a tokenizer.json (or of a directory holding one) when kind='hf'")
+    if self.chat_template:
+      check(self.special_tokens == SpecialTokensSpec(), "special_tokens",
+            self.special_tokens.as_dict(), "the defaults: with a chat_template the template "
+            "writes the turns, so these built-in layout names are unused")
+    else:
+      check(self.stop_tokens == (), "stop_tokens", self.stop_tokens,
+            "() (extra stop tokens go with a chat_template; the built-in layout stops on "
+            "special_tokens.end_turn and eos)")
+    for i, token in enumerate(self.stop_tokens):
+      check(bool(token), f"stop_tokens[{i}]", token, "a non-empty added-token string")
 
 
 def default_tokenizer_config() -> ml_collections.ConfigDict:

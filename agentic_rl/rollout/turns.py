@@ -70,7 +70,8 @@ class TrajectoryTurns:
     b.add_generated(token, float(logp), mask_w, version)
     self.stats.generated_tokens += 1
     if token in self._stop_ids:
-      active.eos = token == self.tokenizer.eos_id
+      # An eos that is also the end of turn (Qwen3's <|im_end|>) ends only the turn.
+      active.eos = token == self.tokenizer.eos_id != self.tokenizer.end_turn_id
       b.end_turn(config_lib.TURN_STOP)
       self._step_env(active)
     elif b.turn_generated >= self.spec.max_new_tokens_per_turn:
@@ -117,7 +118,7 @@ class TrajectoryTurns:
     try:
       observation = valid_text(result.observation)
       tool_ids = ([self.tokenizer.end_turn_id] if active.truncated_turn else []) + \
-          self.tokenizer.render_turn("tool", observation)
+          self.tokenizer.observation_turn(observation)
     except Exception as e:
       self._fail(active, config_lib.END_RENDER_ERROR, e)
       return

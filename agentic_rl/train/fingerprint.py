@@ -25,16 +25,25 @@ FIELDS = ("layer_pattern", "block_size", "sliding_window", "cache_dtype", "kerne
 
 
 def tokenizer_hash(tokenizer_config: Mapping[str, Any]) -> str:
-  """'byte', or 'hf:' + the sha256 of the tokenizer.json and its special-token names."""
+  """'byte', or 'hf:' + the sha256 of the tokenizer.json and its special-token names, and
+  with a chat template, of the template's text, tokenizer_config.json and the stop tokens."""
   kind = tokenizer_config.get("kind", "byte")
   if kind != "hf":
     return str(kind)
   path = resources.resolve(tokenizer_config["path"])
+  directory = path if os.path.isdir(path) else os.path.dirname(path)
   if os.path.isdir(path):
     path = os.path.join(path, "tokenizer.json")
   specials = json.dumps(dict(tokenizer_config.get("special_tokens", {})), sort_keys=True)
-  digest = hashlib.sha256(f"{file_sha256(path)}\n{specials}".encode())
-  return "hf:" + digest.hexdigest()[:16]
+  text = f"{file_sha256(path)}\n{specials}"
+  chat_template = tokenizer_config.get("chat_template", "")
+  if chat_template:  # Without one the hash stays what it was, so old checkpoints still load.
+    from agentic_rl.rollout.chat_template import load_template_dir
+    template, config, _ = load_template_dir(directory, chat_template)
+    layout = {"template": template, "tokenizer_config": config,
+              "stop_tokens": list(tokenizer_config.get("stop_tokens", ()))}
+    text += "\n" + json.dumps(layout, sort_keys=True)
+  return "hf:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def model_layout(model_config: Mapping[str, Any]) -> dict:

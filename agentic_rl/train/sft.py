@@ -1,8 +1,8 @@
 """SFT warm start: the scripted expert's episodes as token sequences.
 
 `render_demonstrations` lays each expert episode out with the rollout engine's
-rules (prompt, then per turn: action + end_turn with loss mask 1, tool turn +
-assistant header with mask 0; the same turn and token budgets). It needs no
+rules (prompt, then per turn: action + end_turn with loss mask 1, observation turn +
+generation prompt with mask 0; the same turn and token budgets). It needs no
 model, so it is fast; `record_demonstrations` teacher-forces the same actions
 through the engine itself (ReplayTeacher) and is the reference the renderer is
 tested against token for token.
@@ -60,8 +60,8 @@ class Demonstration:
 
 
 def render_demonstration(tokenizer, rollout_spec, first_observation: str,
-                         turns: Sequence[tuple[str, str]], system_prompt: str = ""
-                         ) -> Demonstration | None:
+                         turns: Sequence[tuple[str, str]], system_prompt: str = "",
+                         tools=None) -> Demonstration | None:
   """One expert episode with the engine's token layout; None if the engine would cut an action.
 
   An action longer than max_new_tokens_per_turn would be truncated before the env saw it, so
@@ -71,7 +71,8 @@ def render_demonstration(tokenizer, rollout_spec, first_observation: str,
   # The engine's text boundary: what it would feed the tokenizer (no lone surrogates).
   prompt_turns = ([("system", valid_text(system_prompt))] if system_prompt else []) + \
       [("user", valid_text(first_observation))]
-  tokens = list(tokenizer.render_conversation(prompt_turns, add_generation_prompt=True))
+  tokens = list(tokenizer.render_conversation(prompt_turns, add_generation_prompt=True,
+                                              **({"tools": tools} if tools else {})))
   mask = [0.0] * len(tokens)
   limit = spec.token_limit
   if len(tokens) + 1 > limit:
@@ -90,7 +91,7 @@ def render_demonstration(tokenizer, rollout_spec, first_observation: str,
     last = n == len(turns)  # The expert's last action ends the episode (submit).
     if last or n >= spec.max_turns:
       break
-    context = (list(tokenizer.render_turn("tool", valid_text(observation)))
+    context = (list(tokenizer.observation_turn(valid_text(observation)))
                + tokenizer.generation_prompt())
     if len(tokens) + len(context) + 1 > limit:
       break
@@ -106,7 +107,8 @@ def render_demonstrations(tokenizer, rollout_spec, env_factory, tasks, system_pr
   def play(env, task):
     r = play_expert(env, task)
     prompt = getattr(env, "system_prompt", None) or system_prompt
-    return render_demonstration(tokenizer, rollout_spec, r.first_observation, r.turns, prompt)
+    return render_demonstration(tokenizer, rollout_spec, r.first_observation, r.turns, prompt,
+                                getattr(env, "tools", None))
 
   return teacher_lib.play_on_fresh_envs(tasks, env_factory, play)
 

@@ -411,7 +411,7 @@ def test_make_tokenizer_errors_name_the_field(tmp_path, hf_path):
   c = default_tokenizer_config()
   c.pth = "x"
   with pytest.raises(ValueError, match=r"config.tokenizer has unknown field pth; valid fields: "
-                                       r"kind, path, special_tokens"):
+                                       r"chat_template, kind, path, special_tokens, stop_tokens"):
     make_tokenizer(c)
   c = default_tokenizer_config()
   c.special_tokens.eot = "<|eot|>"

@@ -17,6 +17,7 @@ DEFAULTS = {
         "user": "<|user|>", "assistant": "<|assistant|>", "tool": "<|tool|>",
         "end_turn": "<|end_turn|>", "tool_call_start": "<tool_call>",
         "tool_call_end": "</tool_call>"},
+    "chat_template": "", "stop_tokens": (),
 }
 
 
@@ -43,7 +44,8 @@ def test_an_override_of_one_special_token_keeps_the_others():
 
 @pytest.mark.parametrize("edit,message", [
     (lambda c: c.update({"paht": "x"}),
-     "config.tokenizer has unknown field paht; valid fields: kind, path, special_tokens."),
+     "config.tokenizer has unknown field paht; valid fields: chat_template, kind, path, "
+     "special_tokens, stop_tokens."),
     (lambda c: c.special_tokens.update({"eot": "<|eot|>"}),
      "config.tokenizer.special_tokens has unknown field eot; valid fields: assistant, bos, "),
     (lambda c: c.update({"kind": "bpe"}),
@@ -52,6 +54,19 @@ def test_an_override_of_one_special_token_keeps_the_others():
     (lambda c: c.update({"path": 3}), "config.tokenizer.path=3: expected a string."),
     (lambda c: c.special_tokens.update({"eos": ""}),
      "config.tokenizer.special_tokens.eos='': expected a non-empty token string."),
+    (lambda c: c.update({"chat_template": "file"}),
+     "config.tokenizer.chat_template='file': expected '' (the byte tokenizer has the built-in "
+     "layout; a chat template needs kind='hf')."),
+    (lambda c: c.update({"kind": "hf", "path": "d", "stop_tokens": ["<|eom_id|>"]}),
+     "config.tokenizer.stop_tokens=('<|eom_id|>',): expected () (extra stop tokens go with a "
+     "chat_template"),
+    (lambda c: c.update({"kind": "hf", "path": "d", "chat_template": "file",
+                         "stop_tokens": [""]}),
+     "config.tokenizer.stop_tokens[0]='': expected a non-empty added-token string."),
+    (lambda c: (c.update({"kind": "hf", "path": "d", "chat_template": "file"}),
+                c.special_tokens.update({"eos": "<|im_end|>"})),
+     "config.tokenizer.special_tokens={'pad': '<|pad|>', 'bos': '<|bos|>', 'eos': "
+     "'<|im_end|>'"),
 ])
 def test_bad_values_name_their_full_path(edit, message):
   c = default_tokenizer_config().to_dict()  # A plain dict: ConfigDict refuses some bad types.
