@@ -1,6 +1,6 @@
 """The chat-template tokenizer against transformers' apply_chat_template, token for token.
 
-The reference is transformers itself, loading the tiny Qwen3 and Llama 3.1 tokenizers that
+The reference is transformers itself, loading the tiny Qwen3 and Llama-3-layout tokenizers that
 tokenizer_fixture.py writes (real chat templates, offline), not a copy of its logic.
 """
 

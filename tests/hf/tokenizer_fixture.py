@@ -8,7 +8,8 @@ tokenizer_config.json holding Qwen3's chat template (assets/qwen3_chat_template.
 `chat_template` of Qwen/Qwen3-8B's tokenizer_config.json). The pre-tokenizer is Qwen2/3's
 (NFC, its split regex, ByteLevel), so boundaries between template text and contents
 tokenize as a real Qwen3 tokenizer's do. `write_tiny_llama3_tokenizer(dir)` is the same
-for Llama 3.1 (assets/llama3_1_chat_template.jinja, from Llama-3.1-8B-Instruct).
+for a Llama 3 layout (assets/llama3_layout_chat_template.jinja: written for these tests in
+Llama 3.1's turn layout, so no licensed template text is copied).
 
 Both files load in transformers (AutoTokenizer.from_pretrained(dir)), the independent
 reference the chat tests compare against, and in the project through
@@ -22,7 +23,7 @@ import os
 
 ASSETS = os.path.join(os.path.dirname(__file__), "assets")
 QWEN3_TEMPLATE = os.path.join(ASSETS, "qwen3_chat_template.jinja")
-LLAMA3_TEMPLATE = os.path.join(ASSETS, "llama3_1_chat_template.jinja")
+LLAMA3_TEMPLATE = os.path.join(ASSETS, "llama3_layout_chat_template.jinja")
 
 # (content, special) in Qwen3's order; the ids follow the BPE vocabulary, as in Qwen3.
 QWEN3_ADDED = (("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
