@@ -107,8 +107,8 @@ def import_checkpoint(hf_dir: str, out_dir: str, *, dtype: str = "float32",
     _write_json(os.path.join(tmp, HF_CONFIG_FILE), hf_cfg)
     tokenizer = _copy_tokenizer(hf_dir, tmp)
     _write_json(os.path.join(tmp, "config.json"),
-                {"model": _model_section(spec), "tokenizer": _tokenizer_section(tokenizer,
-                                                                               out_dir)})
+                {"model": _model_section(spec),
+                 "tokenizer": _tokenizer_section(tokenizer, tmp, out_dir)})
     if config_py is not None:
       with open(os.path.join(tmp, "config.py"), "w") as f:
         f.write(config_py)
@@ -131,8 +131,26 @@ def _model_section(spec: ModelSpec) -> dict:
   return to_config_dict(spec).to_dict()
 
 
-def _tokenizer_section(has_tokenizer: bool, out_dir: str) -> dict:
-  return {"kind": "hf", "path": out_dir} if has_tokenizer else {"kind": "byte"}
+def _tokenizer_section(has_tokenizer: bool, written: str, out_dir: str) -> dict:
+  """The model's own tokenizer and, when it has one, its chat template (which lays out the
+  turns: config.tokenizer.chat_template='file'); else the byte tokenizer."""
+  from agentic_rl.config_schema import to_config_dict
+  from agentic_rl.rollout.tokenizer_config import validate_tokenizer_config
+  section = {"kind": "byte"} if not has_tokenizer else {
+      "kind": "hf", "path": out_dir,
+      "chat_template": "file" if _has_chat_template(written) else ""}
+  # Every field written out, as a run's config holds it: the fingerprint hashes the section.
+  return to_config_dict(validate_tokenizer_config(section)).to_dict()
+
+
+def _has_chat_template(folder: str) -> bool:
+  if os.path.isfile(os.path.join(folder, "chat_template.jinja")):
+    return True
+  path = os.path.join(folder, "tokenizer_config.json")
+  if not os.path.isfile(path):
+    return False
+  with open(path) as f:
+    return bool(json.load(f).get("chat_template"))
 
 
 def _copy_tokenizer(hf_dir: str, out: str) -> bool:

@@ -11,7 +11,8 @@ CONFIG_PY = '''"""RL on the SWE env from the Hugging Face model imported into th
     python -m launch.train --config THIS_FOLDER/config.py:retrofit --workdir /tmp/rl_hybrid
 
 Written by launch.import_hf. The model and tokenizer sections come from config.json beside
-this file; the RL recipe is configs/quickstart.py's. `retrofit` makes layers S, S, S, G:
+this file (with a chat template, the env takes the model's native JSON tool calls); the RL
+recipe is configs/quickstart.py's. `retrofit` makes layers S, S, S, G:
 S gates start as a pass-through, G layers select blocks by pooled keys, and the layout
 fingerprint is allowed to change from the dense import.
 """
@@ -42,6 +43,11 @@ def build(folder: str, saved: dict, *, retrofit: bool = False):
   config.model = model
   for key, value in saved.get("tokenizer", {}).items():
     config.tokenizer[key] = value
+  if config.tokenizer.get("chat_template"):
+    config.env.tool_format = "json"  # The model's native calls, as its template writes them.
+  r = config.rollout
+  r.max_len = 0  # The imported model's max_seq_len: a real tokenizer's prompts are longer.
+  r.max_new_tokens_per_turn = 256  # JSON calls spell out argument names.
   config.train.init_checkpoint = folder
   if retrofit:
     m = config.model
