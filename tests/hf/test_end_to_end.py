@@ -54,3 +54,10 @@ def test_two_rl_steps_from_an_imported_qwen3_moe(tmp_path):
   assert summary["config"]["env"]["tool_format"] == "json"
   assert summary["config"]["model"]["qk_norm"] and summary["config"]["model"]["moe"][
       "num_shared_experts"] == 0
+  # launch.evaluate takes the imported folder itself as a checkpoint.
+  scored = _run("launch.evaluate", f"--config={imported}/config.py", f"--checkpoint={imported}",
+                f"--workdir={tmp_path / 'eval'}", "--config.train.eval_tasks=2",
+                "--config.rollout.max_turns=1", "--config.rollout.max_new_tokens_per_turn=8")
+  result = json.loads(scored.strip().splitlines()[-1])
+  assert result["checkpoint"]["file"] == os.path.join(imported, "params.safetensors")
+  assert "heldout/solve_rate" in result
