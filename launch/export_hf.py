@@ -5,7 +5,8 @@
 
 --checkpoint is a params folder (an import's output, a shipped base: params.safetensors
 with config.json beside it) or a run's workdir / checkpoints / step folder, read under
---config. DIR gets model.safetensors (or shards under --max_shard_mb, with an index) and
+--config (a run started from an import takes the import's hf_config.json and tokenizer
+files along). DIR gets model.safetensors (or shards under --max_shard_mb, with an index) and
 config.json: the family's fields over the hf_config.json the model was imported with, so
 token ids and other fields we do not model survive. Import then export gives back the
 same tensors (tests/hf/test_import_export.py).
@@ -69,6 +70,9 @@ def main(argv):
     flat = params_file.flatten(params)
     dtypes = {n: a.dtype for n, a in flat.items()}
     read = flat.__getitem__
+    # A run started from an import: its Hugging Face config and tokenizer come along.
+    start = _CONFIG.value.train.init_checkpoint
+    folder = start if start and params_file.params_path(start) else None
   base = None
   if folder and os.path.isfile(os.path.join(folder, hf_import.HF_CONFIG_FILE)):
     with open(os.path.join(folder, hf_import.HF_CONFIG_FILE)) as f:

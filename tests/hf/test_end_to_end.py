@@ -1,6 +1,7 @@
 """End to end: a tiny random Qwen3-MoE with Qwen3's tokenizer and chat template, imported by
 launch.import_hf, trains 2 RL steps on the SWE env through its template and native JSON tool
-calls; sampler and learner agree to KL < 1e-6 in float32 with routing replay."""
+calls; sampler and learner agree to KL < 1e-6 in float32 with routing replay. The trained run
+exports to a folder transformers loads, and launch.evaluate scores the import itself."""
 
 import json
 import os
@@ -25,6 +26,7 @@ def _run(*args, timeout=900):
   return out.stdout
 
 
+@pytest.mark.slow  # ~1.5 min alone: import, 2 RL steps, export, parity, evaluate.
 def test_two_rl_steps_from_an_imported_qwen3_moe(tmp_path):
   hf_dir = str(tmp_path / "hf")
   tokenizer_fixture.write_tiny_qwen3_tokenizer(hf_dir, vocab_size=512)
@@ -54,6 +56,15 @@ def test_two_rl_steps_from_an_imported_qwen3_moe(tmp_path):
   assert summary["config"]["env"]["tool_format"] == "json"
   assert summary["config"]["model"]["qk_norm"] and summary["config"]["model"]["moe"][
       "num_shared_experts"] == 0
+  # The trained run exports to a folder transformers loads and agrees with.
+  exported = str(tmp_path / "exported")
+  _run("launch.export_hf", f"--checkpoint={workdir}", f"--config={imported}/config.py",
+       f"--out={exported}")
+  assert {"tokenizer.json", "tokenizer_config.json", "config.json",
+          "model.safetensors"} <= set(os.listdir(exported))
+  parity = json.loads(_run("launch.hf_parity", "--hf_dir", exported, "--json").strip()
+                      .splitlines()[-1])
+  assert parity["max_abs_logit_diff"] < 1e-4 and parity["decode_max_abs_logit_diff"] < 1e-4
   # launch.evaluate takes the imported folder itself as a checkpoint.
   scored = _run("launch.evaluate", f"--config={imported}/config.py", f"--checkpoint={imported}",
                 f"--workdir={tmp_path / 'eval'}", "--config.train.eval_tasks=2",
