@@ -25,7 +25,7 @@ def rules(spec: ModelSpec) -> list[TensorRule]:
         TensorRule(f"{a}/w_q_dnh", (f"{ha}.q_proj.weight",), "linear", (d, n, h)),
         TensorRule(f"{a}/w_k_dkh", (f"{ha}.k_proj.weight",), "linear", (d, k, h)),
         TensorRule(f"{a}/w_v_dkh", (f"{ha}.v_proj.weight",), "linear", (d, k, h)),
-        TensorRule(f"{a}/w_o_nhd", (f"{ha}.o_proj.weight",), "linear", (n, h, d)),
+        TensorRule(f"{a}/w_o_nhd", (f"{ha}.o_proj.weight",), "linear", (n, h, d), in_axes=2),
     ]
     if spec.attention_bias:
       out += [TensorRule(f"{a}/b_q_nh", (f"{ha}.q_proj.bias",), "bias", (n, h)),

@@ -5,8 +5,8 @@ tensor(s) it comes from and the transform between them. Transforms are exact (tr
 reshapes, stacks): import then export returns the same bytes.
 
   copy     same shape (norm scales, embeddings).
-  linear   HF [out, in] (torch Linear) <-> ours [in, ...] : W.T reshaped to our shape.
-           Ours is [in, *out] (w_q_dnh: [d, n, h]) or [*in, out] (w_o_nhd: [n, h, d]).
+  linear   HF [out, in] (torch Linear) <-> ours: W.T reshaped to our shape, whose first
+           `in_axes` axes are the input (w_q_dnh [d, n, h]: 1; w_o_nhd [n, h, d]: 2).
   bias     HF [out] <-> ours [*out] (b_q_nh: [n, h]): a reshape.
   experts  E tensors HF [out, in] <-> ours [E, in, out]: each transposed, stacked on axis 0.
 """
@@ -26,6 +26,7 @@ class TensorRule:
   hf: tuple[str, ...]  # The Hugging Face tensor name(s); several only for 'experts'.
   transform: str
   shape: tuple[int, ...]  # Our param's shape.
+  in_axes: int = 1  # linear: how many leading axes of ours are the input.
 
   def __post_init__(self):
     if self.transform not in TRANSFORMS:
@@ -40,13 +41,7 @@ class TensorRule:
       return (int(np.prod(self.shape)),)
     if self.transform == "experts":
       return (self.shape[2], self.shape[1])
-    in_axes = self._linear_in_axes()
-    return (int(np.prod(self.shape[in_axes:])), int(np.prod(self.shape[:in_axes])))
-
-  def _linear_in_axes(self) -> int:
-    # w_o_nhd-style params ([*in, out]) are the only ones with two input axes: the
-    # output projection, whose name says so. All others are [in, *out].
-    return len(self.shape) - 1 if self.ours.endswith(("w_o_nhd",)) else 1
+    return (int(np.prod(self.shape[self.in_axes:])), int(np.prod(self.shape[:self.in_axes])))
 
   def to_ours(self, hf_arrays: list[np.ndarray]) -> np.ndarray:
     if self.transform == "experts":
