@@ -55,7 +55,8 @@ class StreamingWriter:
     if name in self._written:
       raise ValueError(f"{self.path}: {name} written twice.")
     self._file.seek(self._data_start + self._offsets[name])
-    self._file.write(np.ascontiguousarray(array).tobytes())
+    # A uint8 view of the same memory: written without a bytes copy.
+    self._file.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
     self._written.add(name)
 
   def close(self) -> None:

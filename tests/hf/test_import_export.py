@@ -174,17 +174,16 @@ def test_the_import_streams_one_tensor_at_a_time(tmp_path):
                                  num_experts=8, intermediate_size=128, vocab_size=512,
                                  num_hidden_layers=8)
   hf_model.save_pretrained(tmp_path / "src", max_shard_size="300KB")
-  sizes = {k: v.numel() * 4 for k, v in hf_model.state_dict().items()}
-  model_bytes = sum(sizes.values())
-  largest = max(max(sizes.values()), 8 * 64 * 64 * 4)  # Fused experts count as one param.
+  model_bytes = sum(v.numel() * 4 for v in hf_model.state_dict().values())
+  largest = 8 * 64 * 64 * 4  # Our largest param: one stacked expert projection [E, D, F].
   tracemalloc.start()
   try:
     hf_import.import_checkpoint(str(tmp_path / "src"), str(tmp_path / "out"))
     _, peak = tracemalloc.get_traced_memory()
   finally:
     tracemalloc.stop()
-  assert model_bytes > 8 * largest
-  assert peak < 4 * largest, (peak, largest, model_bytes)
+  assert model_bytes > 20 * largest
+  assert peak < 4 * largest, (peak, largest, model_bytes)  # Measured: 3.6x.
 
 
 @pytest.mark.parametrize("arg", ["", ":retrofit"])
