@@ -221,9 +221,11 @@ class Model:
     self.spec = spec
     self.module = Transformer(spec)
 
-  def init(self, rng: jax.Array) -> dict[str, Any]:
+  def init(self, rng: jax.Array, out_shardings=None) -> dict[str, Any]:
+    """Fresh params; with `out_shardings` (a tree of shardings, agentic_rl/parallel/mesh.py)
+    each param is created directly in its shards, never whole on one device."""
     # Runs once, so skip LLVM's optimisations: that halves its compile time on CPU.
-    compiled = jax.jit(self._init).lower(rng).compile(
+    compiled = jax.jit(self._init, out_shardings=out_shardings).lower(rng).compile(
         compiler_options={"xla_backend_optimization_level": 0})
     return compiled(rng)
 

@@ -1,0 +1,102 @@
+"""Per-device memory of a run on a mesh, from shapes and the sharding rules only.
+
+Nothing is allocated: params and optimiser state are `jax.eval_shape` trees, each leaf's
+bytes divided by how many shards its PartitionSpec (rules.py) splits it into.
+
+  params        the model's params in config.model.param_dtype
+  optimizer     the learner's optax state (AdamW moments, clip state), eval_shape'd
+  gradients     one gradient per param, in the param dtype
+  reference     the frozen KL reference policy, when config.rl.loss.kl_coef > 0
+  activations   what the backward keeps for one micro-batch of `batch` sequences of
+                `seq_len` tokens with no rematerialisation (the model has no remat option
+                yet): per layer and token, the residual input, the two norm outputs, q, k,
+                v and the attention output, the FFN's gate, up and product (for MoE, P of
+                them at d_ff_expert, plus shared experts and router scores); plus the
+                float32 logits and their log-softmax. Batch rows split over data x fsdp x expert,
+                heads, FFN hidden and vocab over tensor (when they divide).
+  kv_cache      the sampler's caches: `slots` sequences of `rollout_len` tokens
+                (model/cache.cache_bytes_per_sequence), rows over data x fsdp x expert, kv heads
+                over tensor when they divide.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+
+from agentic_rl.model import cache as cache_lib
+from agentic_rl.model.config import ModelSpec
+from agentic_rl.model.transformer import Model
+from agentic_rl.parallel import rules
+
+
+def _shards(spec, sizes) -> int:
+  n = 1
+  for entry in spec:
+    for axis in (entry if isinstance(entry, tuple) else (entry,)):
+      if axis is not None:
+        n *= sizes[axis]
+  return n
+
+
+def tree_bytes_per_device(tree, sizes: dict[str, int]) -> int:
+  specs = jax.tree.leaves(rules.param_specs(tree, sizes), is_leaf=lambda x: isinstance(x, rules.P))
+  leaves = jax.tree.leaves(tree)
+  return int(sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize // _shards(s, sizes)
+                 for leaf, s in zip(leaves, specs)))
+
+
+def _batch_shards(sizes) -> int:
+  return math.prod(sizes[a] for a in rules.BATCH_AXES)
+
+
+def _split(dim: int, size: int) -> float:
+  return dim / size if size > 1 and dim % size == 0 else float(dim)
+
+
+def activation_bytes(spec: ModelSpec, sizes: dict[str, int], batch: int, seq_len: int) -> int:
+  rows = batch / _batch_shards(sizes)
+  t = sizes["tensor"]
+  itemsize = np.dtype(spec.dtype).itemsize
+  d = spec.d_model
+  q = _split(spec.num_heads, t) * spec.head_dim
+  kv = _split(spec.num_kv_heads, t) * spec.head_dim
+  per_token = 0.0
+  for i in range(spec.num_layers):
+    attention = 3 * d + 2 * q + 2 * kv  # residual, 2 norms; q, attention out; k, v
+    if spec.is_moe_layer(i):
+      m = spec.moe
+      ffn = (3 * m.num_experts_per_token * _split(m.d_ff_expert, t)
+             + 3 * m.num_shared_experts * _split(m.d_ff_expert, t)) * itemsize \
+          + m.num_experts * 4  # router scores in float32
+    else:
+      ffn = 3 * _split(spec.d_ff, t) * itemsize
+    per_token += attention * itemsize + ffn
+  logits = 2 * _split(spec.vocab_size, t) * 4  # float32 logits and log-softmax
+  return int(rows * seq_len * (per_token + logits))
+
+
+def plan(spec: ModelSpec, sizes: dict[str, int], *, batch: int, seq_len: int, slots: int,
+         rollout_len: int, optimizer=None, kl_reference: bool = False,
+         hbm_bytes: int | None = None) -> dict:
+  params = Model(spec).param_shapes()
+  params_b = tree_bytes_per_device(params, sizes)
+  breakdown = {"params": params_b, "gradients": params_b}
+  if optimizer is not None:
+    breakdown["optimizer"] = tree_bytes_per_device(jax.eval_shape(optimizer.init, params),
+                                                   sizes)
+  if kl_reference:
+    breakdown["reference"] = params_b
+  breakdown["activations"] = activation_bytes(spec, sizes, batch, seq_len)
+  rows = slots / _batch_shards(sizes)
+  kv_split = sizes["tensor"] if spec.num_kv_heads % sizes["tensor"] == 0 else 1
+  breakdown["kv_cache"] = int(math.ceil(rows) * cache_lib.cache_bytes_per_sequence(
+      spec, rollout_len) / kv_split)
+  total = int(sum(breakdown.values()))
+  return {"per_device_bytes": total, "breakdown": breakdown, "hbm_bytes": hbm_bytes,
+          "fits": None if hbm_bytes is None else total <= hbm_bytes, "mesh": sizes,
+          "devices": math.prod(sizes.values()),
+          "workload": {"batch": batch, "seq_len": seq_len, "slots": slots,
+                       "rollout_len": rollout_len, "remat": "none"}}
