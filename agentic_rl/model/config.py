@@ -13,7 +13,8 @@ import dataclasses
 
 import ml_collections
 
-from agentic_rl.config_schema import check, from_config_dict, is_int, one_of, to_config_dict
+from agentic_rl.config_schema import (check, from_config_dict, is_int, is_number, one_of,
+                                      to_config_dict)
 
 @dataclasses.dataclass(frozen=True)
 class LayerKind:
@@ -37,6 +38,7 @@ LAYER_KINDS = {
 }
 LAYER_TYPES = tuple(LAYER_KINDS)
 GATE_FUNCTIONS = ("softmax", "sigmoid")
+MOE_DISPATCHES = ("dropless", "all_to_all")
 # The S layers' per-head output gate: sigmoid(x W + b) (the project's own); 2 sigmoid(x W + b),
 # exactly 1 at zero weights, so a dense model retrofitted to S layers starts unchanged; none.
 S_GATES = ("sigmoid", "unit_sigmoid", "none")
@@ -62,6 +64,11 @@ class MoESpec:
   aux_loss_coef: float = 1e-2  # Switch-style load-balancing loss; 0 turns it off.
   use_routing_bias: bool = False  # Aux-loss-free balancing: a bias that only affects selection.
   routing_bias_rate: float = 1e-3  # Step size of the bias update (sign of load error).
+  # 'dropless': every expert's rows on this device (ragged_dot). 'all_to_all': expert
+  # parallel over the context mesh's `expert` axis (jax.set_mesh), capacity_factor times an
+  # even share of rows per expert and source shard; overflow is dropped and counted.
+  dispatch: str = "dropless"
+  capacity_factor: float = 1.25
 
   def __post_init__(self):
     check(is_int(self.num_experts) and self.num_experts >= 0, "num_experts", self.num_experts,
@@ -75,6 +82,9 @@ class MoESpec:
     check(is_int(self.num_shared_experts) and self.num_shared_experts >= 0,
           "num_shared_experts", self.num_shared_experts, ">= 0")
     one_of(self.gate, "gate", GATE_FUNCTIONS)
+    one_of(self.dispatch, "dispatch", MOE_DISPATCHES)
+    check(is_number(self.capacity_factor) and self.capacity_factor > 0, "capacity_factor",
+          self.capacity_factor, "a number > 0 (rows per expert, in even shares)")
 
   def replace(self, **changes) -> "MoESpec":
     return dataclasses.replace(self, **changes)

@@ -12,9 +12,12 @@ Routing replay (R3, "Keep Routing"): `forced_experts_btp` (recorded by the sampl
 aux['experts']) replaces the top-k, while the gates still come from the current router,
 so the router keeps learning and the learner's forward takes the sampler's expert paths.
 
-Dispatch is dropless: the B*T*P token-expert assignments are sorted by expert (stable),
-and each expert's SwiGLU runs on its contiguous rows via `jax.lax.ragged_dot`. No
-capacity, no dropped token; an expert with zero rows is just an empty group.
+Dispatch is dropless by default: the B*T*P token-expert assignments are sorted by expert
+(stable), and each expert's SwiGLU runs on its contiguous rows via `jax.lax.ragged_dot`. No
+capacity, no dropped token; an expert with zero rows is just an empty group. With
+moe.dispatch='all_to_all' the experts are spread over the mesh's `expert` axis
+(agentic_rl/parallel/expert_parallel.py): equal to dropless while no expert overflows its
+capacity; overflow is counted in aux.
 
 Axis letters (those of attention.py where they meet): b batch, t time, d d_model,
 e experts, f expert hidden, p the P = num_experts_per_token experts a token uses (its
@@ -29,6 +32,7 @@ import jax.numpy as jnp
 
 from agentic_rl.model.config import ModelSpec
 from agentic_rl.model.feedforward import DenseFeedForward, fan_in_init
+from agentic_rl.parallel import expert_parallel
 
 # Stacked [E, in, out] expert weights: fan-in is the `in` axis, E is a batch axis.
 expert_init = jax.nn.initializers.variance_scaling(
@@ -114,8 +118,14 @@ class MoEFeedForward(nn.Module):
     scores_bte = router_scores(logits_bte, m.gate)
     experts_btp, gates_btp = select_experts(scores_bte, bias_e, forced_experts_btp, valid_bt,
                                             m)
-    y_btd = _dispatch(x_btd.astype(dtype), experts_btp, gates_btp, w_gate_edf.astype(dtype),
-                      w_up_edf.astype(dtype), w_down_efd.astype(dtype), num_experts)
+    weights = (w_gate_edf.astype(dtype), w_up_edf.astype(dtype), w_down_efd.astype(dtype))
+    overflow = {}
+    if m.dispatch == "all_to_all":
+      y_btd, overflow = expert_parallel.all_to_all_moe(
+          x_btd.astype(dtype), experts_btp, gates_btp, valid_bt, *weights,
+          mesh=_context_mesh(), capacity_factor=m.capacity_factor)
+    else:
+      y_btd = _dispatch(x_btd.astype(dtype), experts_btp, gates_btp, *weights, num_experts)
     if m.num_shared_experts > 0:
       shared = DenseFeedForward(d_ff=m.num_shared_experts * d_ff, dtype=dtype,
                                 param_dtype=param_dtype, name="shared_experts")
@@ -127,7 +137,19 @@ class MoEFeedForward(nn.Module):
         "expert_load": expert_load_e.astype(jnp.float32),
         "aux_loss": aux_loss.astype(jnp.float32),
     }
+    if overflow:  # Expert parallel: assignments past capacity, and all valid ones.
+      aux["dropped_assignments"] = overflow["dropped"]
+      aux["routed_assignments"] = overflow["assignments"]
     return y_btd, aux
+
+
+def _context_mesh():
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or "expert" not in mesh.axis_names:
+    raise ValueError("config.model.moe.dispatch='all_to_all' runs over a device mesh with an "
+                     "'expert' axis: call the model under jax.set_mesh(mesh) (mesh from "
+                     "agentic_rl/parallel/mesh.build_mesh).")
+  return mesh
 
 
 def _check_inputs(spec, x_btd, valid_bt, forced_experts_btp) -> None:

@@ -153,6 +153,9 @@ class Block(nn.Module):
           h, positions_bt >= 0, replay.get("experts"))
       aux["experts"] = moe_aux["experts"]
       aux["expert_load"] = moe_aux["expert_load"]
+      for key in ("dropped_assignments", "routed_assignments"):  # Expert parallel only.
+        if key in moe_aux:
+          aux[key] = moe_aux[key]
       moe_loss = moe_aux["aux_loss"]
     else:
       ffn_out = DenseFeedForward(spec.d_ff, spec.dtype, spec.param_dtype,
@@ -232,7 +235,9 @@ class Model:
   def _init(self, rng):
     tokens = jnp.zeros((1, self.spec.block_size), jnp.int32)
     positions = jnp.arange(self.spec.block_size, dtype=jnp.int32)[None]
-    return self.module.init(rng, tokens, positions)["params"]
+    # The dispatch moves rows, not params: init on one row needs no mesh.
+    spec = self.spec.replace(moe=self.spec.moe.replace(dispatch="dropless"))
+    return Transformer(spec).init(rng, tokens, positions)["params"]
 
   def forward(self, params, tokens_bt, positions_bt, cache=None, replay: Replay | None = None):
     """See the module docstring. Concrete inputs are checked first (`check_inputs`);

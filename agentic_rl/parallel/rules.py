@@ -112,4 +112,5 @@ def named(mesh, specs):
 
 
 def mesh_sizes(mesh) -> dict[str, int]:
-  return dict(zip(mesh.axis_names, mesh.devices.shape))
+  """Axis name -> size, of a Mesh or an AbstractMesh (the context mesh under jit)."""
+  return dict(mesh.shape)
