@@ -8,8 +8,8 @@ and AdamW moments and computes in bfloat16.
 Mesh: a TPU v5p-32 slice (16 chips, 95 GiB HBM each), fsdp 4 x expert 4: the smallest
 v5p slice it fits. Per chip, for a learner micro-batch of 16 sequences of 8192 tokens and
 64 rollout slots of 8192 (no remat): params 7.1 GiB, gradients 7.1, AdamW 14.2,
-activations 34.2, KV cache 3.0; 65.7 GiB in all. On 8 chips (fsdp 2 x expert 4) it needs
-131 GiB: it does not fit.
+activations 34.2, KV cache 3.0; 65.7 GiB in all (42.7 with --config.model.remat=full,
+activations 11.3). On 8 chips (fsdp 2 x expert 4) it needs 131 GiB: it does not fit.
 
     python -m launch.memory_plan --config configs/qwen3_30b_a3b.py
     python -m launch.memory_plan --config configs/qwen3_30b_a3b.py --mesh data=1,fsdp=2,expert=4

@@ -45,6 +45,9 @@ S_GATES = ("sigmoid", "unit_sigmoid", "none")
 ROPE_SCALINGS = ("none", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
 KERNEL_BACKENDS = ("reference", "pallas")
+# What the backward recomputes (jax.checkpoint per layer): nothing; everything but each
+# layer's input; everything but the matmul outputs (jax's dots_with_no_batch_dims_saveable).
+REMAT_POLICIES = ("none", "full", "save_dots")
 
 
 def _positive_int(field: str, value) -> None:
@@ -156,6 +159,7 @@ class ModelSpec:
   param_dtype: str = "float32"
   cache_dtype: str = "float32"  # bfloat16 makes a cheaper (route B) sampler cache.
   kernel_backend: str = "reference"  # "pallas" on TPU/GPU, or in interpret mode on CPU.
+  remat: str = "none"  # Per-layer rematerialisation in the backward: REMAT_POLICIES.
   pallas_interpret: bool = False
 
   def __post_init__(self):
@@ -181,6 +185,7 @@ class ModelSpec:
     for name in ("dtype", "param_dtype", "cache_dtype"):
       one_of(getattr(self, name), name, DTYPES)
     one_of(self.kernel_backend, "kernel_backend", KERNEL_BACKENDS)
+    one_of(self.remat, "remat", REMAT_POLICIES)
     expand_pattern(self.layer_pattern, self.num_layers)  # Bad letters fail here, not later.
 
   @property

@@ -163,6 +163,16 @@ class Block(nn.Module):
     return x_btd + ffn_out, new_cache, aux, moe_loss
 
 
+def _remat(block_cls, policy: str):
+  """The layer as config.model.remat asks: recomputed in the backward from its input
+  ('full'), or from its input and matmul outputs ('save_dots'); the forward is unchanged."""
+  if policy == "none":
+    return block_cls
+  policies = {"full": None,
+              "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+  return nn.remat(block_cls, policy=policies[policy], prevent_cse=True)
+
+
 class Transformer(nn.Module):
   spec: ModelSpec
 
@@ -187,8 +197,9 @@ class Transformer(nn.Module):
       lengths_b = cache_lib.new_lengths(cache["lengths"], positions_bt)
     new_layer_caches, layer_aux = [], []
     moe_loss = jnp.float32(0.0)
+    block_cls = _remat(Block, spec.remat)
     for i in range(spec.num_layers):
-      x_btd, layer_cache, aux, loss = Block(spec, i, name=f"layer_{i}")(
+      x_btd, layer_cache, aux, loss = block_cls(spec, i, name=f"layer_{i}")(
           x_btd, positions_bt, None if cache is None else cache["layers"][i], lengths_b,
           None if replay is None else replay[i])
       new_layer_caches.append(layer_cache)

@@ -8,11 +8,11 @@ bytes divided by how many shards its PartitionSpec (rules.py) splits it into.
   gradients     one gradient per param, in the param dtype
   reference     the frozen KL reference policy, when config.rl.loss.kl_coef > 0
   activations   what the backward keeps for one micro-batch of `batch` sequences of
-                `seq_len` tokens with no rematerialisation (the model has no remat option
-                yet): per layer and token, the residual input, the two norm outputs, q, k,
-                v and the attention output, the FFN's gate, up and product (for MoE, P of
-                them at d_ff_expert, plus shared experts and router scores); plus the
-                float32 logits and their log-softmax. Batch rows split over data x fsdp x expert,
+                `seq_len` tokens under config.model.remat (`activation_bytes`): per layer
+                and token, the residual input, the two norm outputs, q, k, v and the
+                attention output, the FFN's gate, up and product (for MoE, P of them at
+                d_ff_expert, plus shared experts and router scores), less what remat
+                recomputes; plus the float32 logits and their log-softmax. Batch rows split over data x fsdp x expert,
                 heads, FFN hidden and vocab over tensor (when they divide).
   kv_cache      the sampler's caches: `slots` sequences of `rollout_len` tokens
                 (model/cache.cache_bytes_per_sequence), rows over data x fsdp x expert, kv heads
@@ -56,25 +56,41 @@ def _split(dim: int, size: int) -> float:
   return dim / size if size > 1 and dim % size == 0 else float(dim)
 
 
-def activation_bytes(spec: ModelSpec, sizes: dict[str, int], batch: int, seq_len: int) -> int:
-  rows = batch / _batch_shards(sizes)
-  t = sizes["tensor"]
+def _layer_terms(spec: ModelSpec, i: int, t: int) -> dict[str, float]:
+  """Per token, bytes a layer's backward may keep: its input, the rest of the attention
+  (norm outputs, q, k, v, attention output), the matmul outputs among them, and the FFN's
+  (gate, up and product per active expert; router scores in float32)."""
   itemsize = np.dtype(spec.dtype).itemsize
   d = spec.d_model
   q = _split(spec.num_heads, t) * spec.head_dim
   kv = _split(spec.num_kv_heads, t) * spec.head_dim
-  per_token = 0.0
-  for i in range(spec.num_layers):
-    attention = 3 * d + 2 * q + 2 * kv  # residual, 2 norms; q, attention out; k, v
-    if spec.is_moe_layer(i):
-      m = spec.moe
-      ffn = (3 * m.num_experts_per_token * _split(m.d_ff_expert, t)
-             + 3 * m.num_shared_experts * _split(m.d_ff_expert, t)) * itemsize \
-          + m.num_experts * 4  # router scores in float32
-    else:
-      ffn = 3 * _split(spec.d_ff, t) * itemsize
-    per_token += attention * itemsize + ffn
-  logits = 2 * _split(spec.vocab_size, t) * 4  # float32 logits and log-softmax
+  if spec.is_moe_layer(i):
+    m = spec.moe
+    width = (m.num_experts_per_token + m.num_shared_experts) * _split(m.d_ff_expert, t)
+    router = m.num_experts * 4
+  else:
+    width, router = _split(spec.d_ff, t), 0
+  return {"input": d * itemsize,
+          "attention": (2 * d + 2 * q + 2 * kv) * itemsize,
+          "attention_dots": (q + 2 * kv + d) * itemsize,
+          "ffn": 3 * width * itemsize + router,
+          "ffn_dots": (2 * width + d) * itemsize + router}
+
+
+def activation_bytes(spec: ModelSpec, sizes: dict[str, int], batch: int, seq_len: int) -> int:
+  """Bytes the backward keeps for one micro-batch under config.model.remat: 'none' keeps
+  every layer's activations; 'full' each layer's input, plus one layer recomputed at a
+  time; 'save_dots' each layer's input and matmul outputs, plus one layer recomputed."""
+  rows = batch / _batch_shards(sizes)
+  terms = [_layer_terms(spec, i, sizes["tensor"]) for i in range(spec.num_layers)]
+  whole = [x["input"] + x["attention"] + x["ffn"] for x in terms]
+  if spec.remat == "none":
+    per_token = sum(whole)
+  elif spec.remat == "full":
+    per_token = sum(x["input"] for x in terms) + max(whole)
+  else:
+    per_token = sum(x["input"] + x["attention_dots"] + x["ffn_dots"] for x in terms) + max(whole)
+  logits = 2 * _split(spec.vocab_size, sizes["tensor"]) * 4  # float32 logits, log-softmax
   return int(rows * seq_len * (per_token + logits))
 
 
@@ -99,4 +115,4 @@ def plan(spec: ModelSpec, sizes: dict[str, int], *, batch: int, seq_len: int, sl
           "fits": None if hbm_bytes is None else total <= hbm_bytes, "mesh": sizes,
           "devices": math.prod(sizes.values()),
           "workload": {"batch": batch, "seq_len": seq_len, "slots": slots,
-                       "rollout_len": rollout_len, "remat": "none"}}
+                       "rollout_len": rollout_len, "remat": spec.remat}}

@@ -24,7 +24,7 @@ DEFAULTS = {
             "aux_loss_coef": 1e-2, "use_routing_bias": False, "routing_bias_rate": 1e-3,
             "dispatch": "dropless", "capacity_factor": 1.25},
     "dtype": "float32", "param_dtype": "float32", "cache_dtype": "float32",
-    "kernel_backend": "reference", "pallas_interpret": False,
+    "kernel_backend": "reference", "pallas_interpret": False, "remat": "none",
 }
 
 

@@ -38,6 +38,17 @@ def test_kv_cache_and_activations_split_over_the_mesh():
   assert eight["breakdown"]["activations"] < one["breakdown"]["activations"] / 6
 
 
+def test_remat_keeps_less_for_the_backward():
+  sizes = {"data": 1, "fsdp": 1, "tensor": 1, "expert": 1}
+  acts = {policy: memory_plan.activation_bytes(SPEC.replace(num_layers=12, remat=policy),
+                                               sizes, 8, 64)
+          for policy in ("none", "save_dots", "full")}
+  assert acts["full"] < acts["save_dots"] < acts["none"]
+  # 'full': each layer's input (D floats a token) plus one whole layer, plus the logits.
+  layer = (3 * D + 2 * N * H + 2 * K * H + 3 * F) * 4
+  assert acts["full"] == 8 * 64 * (12 * D * 4 + layer + 2 * V * 4)
+
+
 def test_the_qwen3_30b_a3b_plan_fits_its_slice_and_not_one_chip():
   def run(*args):
     out = subprocess.run([sys.executable, "-m", "launch.memory_plan", "--json",
