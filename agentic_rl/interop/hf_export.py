@@ -74,6 +74,10 @@ def export_params(dtypes: Mapping[str, np.dtype], read: Callable[[str], np.ndarr
     raise ValueError(f"the params lack {len(missing)} tensors the {family.model_type} layout "
                      f"needs: {missing[:8]}.")
   hf_cfg = {**(hf_config_base or {}), **family.to_hf(spec)}
+  if hf_config_base and hf_config_base.get("max_position_embeddings", 0) >= spec.max_seq_len:
+    # Our max_seq_len is a cache capacity (the import caps it); the model's context is the
+    # checkpoint's.
+    hf_cfg["max_position_embeddings"] = hf_config_base["max_position_embeddings"]
   parent = os.path.dirname(out_dir)
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".partial-", dir=parent)

@@ -33,8 +33,11 @@ class TensorSource:
   """name -> (shape, dtype), and `read(name)`, over a checkpoint folder or in-memory arrays."""
 
   def __init__(self, entries: dict[str, tuple[tuple[int, ...], str]],
-               reader: Callable[[str], np.ndarray], where: str):
+               reader: Callable[[str], np.ndarray], where: str,
+               row_reader: Callable[[str, int], np.ndarray] | None = None):
     self._entries, self._read, self.where = entries, reader, where
+    # One expert's slice of a fused [E, ...] tensor, without reading the other E - 1.
+    self._read_row = row_reader or (lambda name, j: reader(name)[j])
     self._virtual: dict[str, tuple[str, int, slice | None]] = {}
     self._unfuse()
 
@@ -71,7 +74,12 @@ class TensorSource:
       with safe_open(os.path.join(hf_dir, shard), framework="numpy") as f:
         return f.get_tensor(name)
 
-    return cls(entries, read, hf_dir)
+    def read_row(name, j):
+      shard = shard_of.get(name, single)
+      with safe_open(os.path.join(hf_dir, shard), framework="numpy") as f:
+        return f.get_slice(name)[j]
+
+    return cls(entries, read, hf_dir, read_row)
 
   @classmethod
   def from_arrays(cls, arrays: dict[str, np.ndarray], where: str = "arrays") -> "TensorSource":
@@ -100,7 +108,7 @@ class TensorSource:
   def shape(self, name: str) -> tuple[int, ...]:
     if name in self._virtual:
       src, _, rows = self._virtual[name]
-      _, r, c = self._entries[src]
+      _, r, c = self._entries[src][0]
       return (rows.stop - rows.start, c) if rows is not None else (r, c)
     return self._entries[name][0]
 
@@ -118,7 +126,7 @@ class TensorSource:
   def read(self, name: str) -> np.ndarray:
     if name in self._virtual:
       src, j, rows = self._virtual[name]
-      a = self._read(src)[j]
+      a = self._read_row(src, j)
       return np.ascontiguousarray(a if rows is None else a[rows])
     return self._read(name)
 

@@ -135,6 +135,9 @@ def test_both_config_spellings_read_the_same(saved):
   new_spec, old_spec = families.spec_from_hf(cfg), families.spec_from_hf(old)
   assert new_spec == old_spec and new_spec.rope_scaling.kind == "llama3"
   assert new_spec.rope_theta == model_fixture.FAMILY_CONFIGS["llama"]["rope_theta"]
+  # Both present: rope_scaling wins, as in transformers 5.
+  both = {**cfg, "rope_scaling": {"rope_type": "default"}}
+  assert families.spec_from_hf(both).rope_scaling.kind == "none"
 
 
 def test_bad_tensors_are_named_before_anything_is_written(saved, tmp_path):
@@ -201,3 +204,48 @@ def test_check_consistency_reads_the_import_through_its_config(saved, tmp_path, 
   assert report["params"] == out
   assert report["config_layer_types"] == ("SSSG" if arg else "FFFF")
   assert report["max_abs_logit_diff"] < 1e-4 and report["routing_agreement"] == 1.0
+
+
+def test_a_fused_expert_checkpoint_imports_as_the_per_expert_one(saved, tmp_path):
+  """transformers 5 keeps Qwen3-MoE experts fused in memory ([E, 2F, D] gate_up, [E, D, F]
+  down); a file written that way imports to the same params, one expert slice at a time."""
+  from safetensors.numpy import save_file
+  folder, hf_model = saved["qwen3_moe"]
+  fused = _copy(folder, tmp_path / "fused")
+  save_file(model_fixture.state_dict(hf_model), os.path.join(fused, "model.safetensors"),
+            metadata={"format": "pt"})
+  assert any(k.endswith("experts.gate_up_proj") for k in load_file(
+      os.path.join(fused, "model.safetensors")))
+  a = hf_import.import_checkpoint(folder, str(tmp_path / "a"))
+  b = hf_import.import_checkpoint(fused, str(tmp_path / "b"))
+  pa, pb = (load_file(os.path.join(x, "params.safetensors")) for x in (a, b))
+  assert sorted(pa) == sorted(pb)
+  for name in pa:
+    np.testing.assert_array_equal(pa[name], pb[name], err_msg=name)
+
+
+def test_export_refuses_a_family_that_would_compute_something_else(saved, tmp_path):
+  folder, _ = saved["qwen3"]
+  spec = families.spec_from_hf(hf_import.read_hf_config(folder))
+  with pytest.raises(ValueError, match="qk_norm"):
+    hf_export.export_params({}, lambda n: None, spec, str(tmp_path / "x"), model_type="llama")
+  llama = families.spec_from_hf(hf_import.read_hf_config(saved["llama"][0]))
+  with pytest.raises(ValueError, match="qk_norm"):
+    hf_export.export_params({}, lambda n: None, llama, str(tmp_path / "y"), model_type="qwen3")
+  assert not os.listdir(tmp_path)
+
+
+def test_export_keeps_the_checkpoints_context_length(saved, tmp_path):
+  """Our max_seq_len is a cache capacity the import caps; the export writes the model's."""
+  folder, _ = saved["qwen3"]
+  base = hf_import.read_hf_config(folder)
+  imported = hf_import.import_checkpoint(folder, str(tmp_path / "i"), max_seq_len=64)
+  spec = families.validate_section(json.load(open(os.path.join(imported, "config.json")))[
+      "model"])
+  assert spec.max_seq_len == 64 < base["max_position_embeddings"]
+  arrays = load_file(os.path.join(imported, "params.safetensors"))
+  out = hf_export.export_params({k: v.dtype for k, v in arrays.items()}, arrays.__getitem__,
+                                spec, str(tmp_path / "e"), hf_config_base=base)
+  cfg = json.load(open(os.path.join(out, "config.json")))
+  assert cfg["max_position_embeddings"] == base["max_position_embeddings"]
+  assert cfg["dtype"] == cfg["torch_dtype"] == "float32"

@@ -62,5 +62,12 @@ def family_for_spec(spec: ModelSpec, model_type: str | None = None) -> Family:
   if bool(spec.moe.num_experts) != family.is_moe:
     raise ValueError(f"model_type={model_type!r} does not fit config.model.moe.num_experts="
                      f"{spec.moe.num_experts}.")
+  qwen = model_type.startswith("qwen3")
+  if spec.qk_norm != qwen:
+    raise ValueError(f"model_type={model_type!r} does not fit config.model.qk_norm="
+                     f"{spec.qk_norm}: Qwen3 normalises q and k, Llama does not.")
+  if qwen and spec.mlp_bias:
+    raise ValueError(f"model_type={model_type!r} has no FFN biases "
+                     "(config.model.mlp_bias=True).")
   layout.check_expressible(spec)
   return family

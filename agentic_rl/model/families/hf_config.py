@@ -37,15 +37,19 @@ def get(cfg: Mapping[str, Any], *names: str, default: Any = None) -> Any:
 
 def rope(cfg: Mapping[str, Any]) -> tuple[float, RopeScalingSpec]:
   """(theta, scaling) from either spelling."""
-  params = cfg.get("rope_parameters")  # 5.x; takes precedence, as in transformers 5.
+  params = cfg.get("rope_parameters")  # 5.x
   if isinstance(params, Mapping) and set(params) and all(isinstance(v, Mapping)
                                                          for v in params.values()):
     raise UnsupportedConfig("config.json rope_parameters holds one entry per layer type "
                             f"({sorted(params)}): per-layer-type RoPE is not supported.")
-  field = "rope_parameters" if isinstance(params, Mapping) else "rope_scaling"
-  scaling = params if isinstance(params, Mapping) else (cfg.get("rope_scaling") or {})
+  params = params if isinstance(params, Mapping) else {}
+  # transformers 5 reads rope_scaling when it is set, else rope_parameters; so do we.
+  legacy = cfg.get("rope_scaling")
+  field = "rope_scaling" if legacy else "rope_parameters"
+  scaling = dict(legacy) if legacy else dict(params)
   # Absent in both spellings: transformers' class default for all three families.
-  theta = scaling.get("rope_theta", cfg.get("rope_theta", DEFAULT_ROPE_THETA))
+  theta = scaling.get("rope_theta", cfg.get("rope_theta",
+                                            params.get("rope_theta", DEFAULT_ROPE_THETA)))
   require(isinstance(theta, (int, float)) and theta > 0, "rope_theta", theta,
           "a positive number is needed (in rope_theta or rope_parameters.rope_theta)")
   kind = scaling.get("rope_type", scaling.get("type", "default"))
@@ -112,5 +116,7 @@ def common_hf(spec) -> dict[str, Any]:
       "num_key_value_heads": spec.num_kv_heads, "head_dim": spec.head_dim,
       "rms_norm_eps": spec.norm_eps, "tie_word_embeddings": spec.tie_embeddings,
       "max_position_embeddings": spec.max_seq_len, "intermediate_size": spec.d_ff,
-      "hidden_act": "silu", "torch_dtype": spec.param_dtype, **rope_fields(spec),
+      # Both spellings: transformers 5 reads dtype, 4.x torch_dtype.
+      "hidden_act": "silu", "dtype": spec.param_dtype, "torch_dtype": spec.param_dtype,
+      **rope_fields(spec),
   }
