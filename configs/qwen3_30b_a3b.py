@@ -5,13 +5,15 @@ top-8 with renormalised gates, no shared experts, q/k norms, RoPE theta 1e6, voc
 untied head (Qwen/Qwen3-30B-A3B's config.json). The learner keeps float32 master params
 and AdamW moments and computes in bfloat16.
 
-Mesh: a TPU v5p-32 slice (16 chips, 95 GiB HBM each), fsdp 4 x expert 4: the smallest
-v5p slice it fits. Per chip, for a learner micro-batch of 16 sequences of 8192 tokens and
-64 rollout slots of 8192 (no remat): params 7.1 GiB, gradients 7.1, AdamW 14.2,
-activations 34.2, KV cache 3.0; 65.7 GiB in all (42.7 with --config.model.remat=full,
-activations 11.3). On 8 chips (fsdp 2 x expert 4) it needs 131 GiB: it does not fit.
+Mesh: a TPU v5p-32 slice (16 chips, 95 GiB HBM each), fsdp 4 x expert 4. Per chip, for a
+learner micro-batch of 16 sequences of 8192 tokens and 64 rollout slots of 8192, with each
+layer rematerialised (remat='full'): params 7.1 GiB, gradients 7.1, AdamW 14.2,
+activations 12.0, KV cache 3.0; 43.5 GiB in all. Without remat, 101.7 GiB: it does not
+fit. v5p-16 (8 chips, fsdp 2 x expert 4) fits at 87.0 GiB, too tight for XLA's own
+temporaries; 4 chips need 173.9 GiB.
 
     python -m launch.memory_plan --config configs/qwen3_30b_a3b.py
+    python -m launch.memory_plan --config configs/qwen3_30b_a3b.py --config.model.remat=none
     python -m launch.memory_plan --config configs/qwen3_30b_a3b.py --mesh data=1,fsdp=2,expert=4
 
 A real run imports the checkpoint (launch.import_hf) and uses the config.py it writes,
@@ -52,6 +54,11 @@ def get_config() -> ml_collections.ConfigDict:
   m.dtype = "bfloat16"
   m.param_dtype = "float32"
   m.cache_dtype = "bfloat16"
+  # Each layer recomputed in the backward. A pod run also sets moe.dispatch='all_to_all'
+  # (experts over the expert axis, under the mesh) and kernel_backend='pallas' (flash-style
+  # attention, no [T, S] scores: what the memory plan assumes); both stay at their
+  # defaults here so the shapes trace on a CPU without a mesh.
+  m.remat = "full"
   config.model = m
   mesh = config.mesh = default_mesh_config()
   mesh.data, mesh.fsdp, mesh.tensor, mesh.expert = 1, 4, 1, 4

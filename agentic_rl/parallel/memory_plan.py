@@ -12,7 +12,9 @@ bytes divided by how many shards its PartitionSpec (rules.py) splits it into.
                 and token, the residual input, the two norm outputs, q, k, v and the
                 attention output, the FFN's gate, up and product (for MoE, P of them at
                 d_ff_expert, plus shared experts and router scores), less what remat
-                recomputes; plus the float32 logits and their log-softmax. Batch rows split over data x fsdp x expert,
+                recomputes; plus the float32 logits and their log-softmax. Attention
+                is assumed flash-style (kernel_backend='pallas' on TPU/GPU): the
+                reference kernels' [T, S] scores are not counted. Batch rows split over data x fsdp x expert,
                 heads, FFN hidden and vocab over tensor (when they divide).
   kv_cache      the sampler's caches: `slots` sequences of `rollout_len` tokens
                 (model/cache.cache_bytes_per_sequence), rows over data x fsdp x expert, kv heads
@@ -67,7 +69,9 @@ def _layer_terms(spec: ModelSpec, i: int, t: int) -> dict[str, float]:
   if spec.is_moe_layer(i):
     m = spec.moe
     width = (m.num_experts_per_token + m.num_shared_experts) * _split(m.d_ff_expert, t)
-    router = m.num_experts * 4
+    # Router scores (float32), each token's P dispatched rows, and their float32 outputs
+    # before the gates combine them (moe.py, expert_parallel.py).
+    router = m.num_experts * 4 + m.num_experts_per_token * d * (itemsize + 4)
   else:
     width, router = _split(spec.d_ff, t), 0
   return {"input": d * itemsize,
@@ -81,7 +85,7 @@ def activation_bytes(spec: ModelSpec, sizes: dict[str, int], batch: int, seq_len
   """Bytes the backward keeps for one micro-batch under config.model.remat: 'none' keeps
   every layer's activations; 'full' each layer's input, plus one layer recomputed at a
   time; 'save_dots' each layer's input and matmul outputs, plus one layer recomputed."""
-  rows = batch / _batch_shards(sizes)
+  rows = _split(batch, _batch_shards(sizes))  # rules.py keeps an undivided batch whole.
   terms = [_layer_terms(spec, i, sizes["tensor"]) for i in range(spec.num_layers)]
   whole = [x["input"] + x["attention"] + x["ffn"] for x in terms]
   if spec.remat == "none":
@@ -106,9 +110,9 @@ def plan(spec: ModelSpec, sizes: dict[str, int], *, batch: int, seq_len: int, sl
   if kl_reference:
     breakdown["reference"] = params_b
   breakdown["activations"] = activation_bytes(spec, sizes, batch, seq_len)
-  rows = slots / _batch_shards(sizes)
+  rows = _split(slots, _batch_shards(sizes))
   kv_split = sizes["tensor"] if spec.num_kv_heads % sizes["tensor"] == 0 else 1
-  breakdown["kv_cache"] = int(math.ceil(rows) * cache_lib.cache_bytes_per_sequence(
+  breakdown["kv_cache"] = int(rows * cache_lib.cache_bytes_per_sequence(
       spec, rollout_len) / kv_split)
   total = int(sum(breakdown.values()))
   return {"per_device_bytes": total, "breakdown": breakdown, "hbm_bytes": hbm_bytes,
