@@ -69,16 +69,21 @@ def _layer_terms(spec: ModelSpec, i: int, t: int) -> dict[str, float]:
   if spec.is_moe_layer(i):
     m = spec.moe
     width = (m.num_experts_per_token + m.num_shared_experts) * _split(m.d_ff_expert, t)
+    # Only the shared experts' and the router's are plain dots: the routed experts' are
+    # ragged_dot (or batched einsums under expert parallelism), which save_dots recomputes.
+    dot_width = m.num_shared_experts * _split(m.d_ff_expert, t)
     # Router scores (float32), each token's P dispatched rows, and their float32 outputs
     # before the gates combine them (moe.py, expert_parallel.py).
-    router = m.num_experts * 4 + m.num_experts_per_token * d * (itemsize + 4)
+    scores = m.num_experts * 4
+    router = scores + m.num_experts_per_token * d * (itemsize + 4)
   else:
-    width, router = _split(spec.d_ff, t), 0
+    width = dot_width = _split(spec.d_ff, t)
+    scores = router = 0
   return {"input": d * itemsize,
           "attention": (2 * d + 2 * q + 2 * kv) * itemsize,
           "attention_dots": (q + 2 * kv + d) * itemsize,
           "ffn": 3 * width * itemsize + router,
-          "ffn_dots": (2 * width + d) * itemsize + router}
+          "ffn_dots": (2 * dot_width + d) * itemsize + scores}
 
 
 def activation_bytes(spec: ModelSpec, sizes: dict[str, int], batch: int, seq_len: int) -> int:
