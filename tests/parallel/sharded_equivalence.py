@@ -20,6 +20,7 @@ from agentic_rl.model.config import ModelSpec, MoESpec
 from agentic_rl.model.transformer import Model
 from agentic_rl.parallel import mesh as mesh_lib
 from agentic_rl.parallel import rules
+from agentic_rl.parallel.check import loss_fn, max_diff, sampler_logp
 from agentic_rl.parallel.mesh_config import parse_flag
 
 SPEC = ModelSpec(vocab_size=128, d_model=32, num_layers=4, layer_pattern="SSSG", num_heads=4,
@@ -30,37 +31,14 @@ SPEC = ModelSpec(vocab_size=128, d_model=32, num_layers=4, layer_pattern="SSSG",
 B, T = 8, 24
 
 
-def loss_fn(model, params, tokens, positions):
-  logits, _, aux = model.forward(params, tokens[:, :-1], positions[:, :-1])
-  logp = jax.nn.log_softmax(logits)
-  nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], -1).mean()
-  return nll + aux["moe_aux_loss"], logits
-
-
-def sampler_logp(model, params, tokens, positions, place_cache):
-  """Chunked prefill then one-token decode through the cache: the sampler's path."""
-  cache = place_cache(model.init_cache(B, 32))
-  step = jax.jit(model.forward)
-  out = []
-  for start, stop in [(0, 12)] + [(t, t + 1) for t in range(12, T)]:
-    logits, cache, _ = step(params, tokens[:, start:stop], positions[:, start:stop], cache)
-    out.append(jax.nn.log_softmax(logits))
-  return jnp.concatenate(out, axis=1)
-
-
 def run(params, tokens, positions, model, place_cache=lambda c: c):
-  (loss, logits), grads = jax.jit(jax.value_and_grad(
+  (loss, (logits, _)), grads = jax.jit(jax.value_and_grad(
       lambda p: loss_fn(model, p, tokens, positions), has_aux=True))(params)
   opt = optax.adam(1e-2)
   updates, _ = jax.jit(opt.update)(grads, jax.jit(opt.init)(params), params)
   stepped = jax.jit(optax.apply_updates)(params, updates)
   return {"logits": logits, "loss": loss, "grads": grads, "stepped": stepped,
           "sampler_logp": sampler_logp(model, params, tokens, positions, place_cache)}
-
-
-def max_diff(a, b):
-  return max(float(jnp.max(jnp.abs(jnp.asarray(x, jnp.float32) - jnp.asarray(y, jnp.float32))))
-             for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 def main(mesh_flags: list[str]):
