@@ -34,6 +34,13 @@ def _package_imports(package: str) -> dict[str, set[str]]:
                           "agentic_rl.envs")),
     ("agentic_rl.envs", ("agentic_rl.rl", "agentic_rl.rollout", "agentic_rl.train",
                          "agentic_rl.model")),
+    # The mesh and sharding sit beside the model: neither the learner nor rollout.
+    ("agentic_rl.parallel", ("agentic_rl.rl", "agentic_rl.rollout", "agentic_rl.train",
+                             "agentic_rl.envs")),
+    # Checkpoint interop writes the model and tokenizer sections; it trains and rolls out
+    # nothing.
+    ("agentic_rl.interop", ("agentic_rl.rl", "agentic_rl.rollout.engine", "agentic_rl.train",
+                            "agentic_rl.envs")),
     # The kernels sit below the model: they import no other part of the package.
     ("agentic_rl.kernels", tuple(f"agentic_rl.{m}" for m in
                                  ("model", "rl", "rollout", "train", "envs", "records"))),
