@@ -63,18 +63,11 @@ def start_params(config, model):
   from agentic_rl import resources
   from agentic_rl.train import params_file
   if params_file.params_path(resources.resolve(path)):
-    fresh = ("value_head/",) + model.spec.pass_through_params()
     return params_file.load_params(resources.resolve(path), params,
-                                   "config.train.init_checkpoint", fresh_prefixes=fresh), path
-  import tempfile
-  from agentic_rl.train.trainer import Trainer
-  with tempfile.TemporaryDirectory() as scratch:
-    trainer = Trainer(config, scratch)
-    try:
-      loaded, _ = trainer.load_params(path, "config.train.init_checkpoint")
-    finally:
-      trainer.close()
-  return loaded, path
+                                   "config.train.init_checkpoint",
+                                   fresh_prefixes=model.spec.params_started_fresh()), path
+  from agentic_rl.train.trainer import load_params_with
+  return load_params_with(config, path, "config.train.init_checkpoint")[0], path
 
 
 def main(argv):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 from absl import app
 from absl import flags
@@ -58,15 +57,9 @@ def main(argv):
   else:
     if _CONFIG.value is None:
       raise app.UsageError(f"--checkpoint={path!r} is a run's checkpoint: pass --config.")
-    folder = None
     spec = validate(_CONFIG.value.model)
-    from agentic_rl.train.trainer import Trainer
-    with tempfile.TemporaryDirectory() as scratch:
-      trainer = Trainer(_CONFIG.value, scratch)
-      try:
-        params, _ = trainer.load_params(path, "--checkpoint")
-      finally:
-        trainer.close()
+    from agentic_rl.train.trainer import load_params_with
+    params, _ = load_params_with(_CONFIG.value, path, "--checkpoint")
     flat = params_file.flatten(params)
     dtypes = {n: a.dtype for n, a in flat.items()}
     read = flat.__getitem__

@@ -46,7 +46,8 @@ def main(argv):
   del argv
   from agentic_rl.model.config import validate
   from agentic_rl.parallel import memory_plan
-  from agentic_rl.parallel.mesh_config import AXES, parse_flag, validate_mesh_config
+  from agentic_rl.parallel.mesh_config import (AXES, check_model, parse_flag,
+                                               validate_mesh_config)
   from agentic_rl.rl import config as rl_config
   from agentic_rl.rl.train_step import make_optimizer
 
@@ -57,7 +58,6 @@ def main(argv):
   if any(getattr(mesh, a) == -1 for a in AXES):
     raise app.UsageError(f"every mesh axis needs a size to plan ({mesh}); pass --mesh.")
   sizes = {a: getattr(mesh, a) for a in AXES}
-  from agentic_rl.parallel.mesh_config import check_model
   check_model(sizes, spec)
   max_len = (_get(config, "workload.seq_len", 0) or _get(config, "rollout.max_len", 0)
              or spec.max_seq_len)

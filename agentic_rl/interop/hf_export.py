@@ -20,11 +20,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from agentic_rl.interop import new_folder
 from agentic_rl.interop.hf_source import INDEX_FILE, SINGLE_FILE
 from agentic_rl.interop.safetensors_writer import StreamingWriter
 from agentic_rl.model import families
@@ -63,9 +63,7 @@ def export_params(dtypes: Mapping[str, np.dtype], read: Callable[[str], np.ndarr
   """Writes the params (name -> dtype in `dtypes`, each read when written by `read`) as a
   Hugging Face folder; returns its path."""
   names = list(dtypes)
-  out_dir = os.path.abspath(out_dir)
-  if os.path.exists(out_dir):
-    raise FileExistsError(f"{out_dir} already exists: the export writes a new folder.")
+  out_dir = new_folder.absent(out_dir, "export")
   family = families.family_for_spec(spec, model_type or (hf_config_base or {}).get("model_type"))
   check_exportable(spec, names, read, as_dense)
   rules = layout.rules(spec)
@@ -78,19 +76,12 @@ def export_params(dtypes: Mapping[str, np.dtype], read: Callable[[str], np.ndarr
     # Our max_seq_len is a cache capacity (the import caps it); the model's context is the
     # checkpoint's.
     hf_cfg["max_position_embeddings"] = hf_config_base["max_position_embeddings"]
-  parent = os.path.dirname(out_dir)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".partial-", dir=parent)
-  try:
+  with new_folder.renamed_at_the_end(out_dir) as tmp:
     _write_tensors(tmp, rules, {k: np.dtype(v) for k, v in dtypes.items()}, read, shard_bytes)
     with open(os.path.join(tmp, "config.json"), "w") as f:
       json.dump(hf_cfg, f, indent=2, sort_keys=True)
     for path in extra_files:
       shutil.copy2(path, os.path.join(tmp, os.path.basename(path)))
-    os.rename(tmp, out_dir)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
   return out_dir
 
 

@@ -28,11 +28,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from typing import Any
 
-import numpy as np
+import jax.numpy as jnp
 
+from agentic_rl.interop import new_folder
 from agentic_rl.interop.hf_source import CheckpointError, TensorSource
 from agentic_rl.interop.safetensors_writer import StreamingWriter
 from agentic_rl.model import families
@@ -87,19 +87,14 @@ def import_checkpoint(hf_dir: str, out_dir: str, *, dtype: str = "float32",
   """Imports `hf_dir` into `out_dir` (which must not exist yet); returns out_dir."""
   if dtype not in DTYPES:
     raise ValueError(f"dtype={dtype!r}: expected one of {DTYPES}.")
-  out_dir = os.path.abspath(out_dir)
-  if os.path.exists(out_dir):
-    raise FileExistsError(f"{out_dir} already exists: the import writes a new folder.")
+  out_dir = new_folder.absent(out_dir, "import")
   hf_cfg = read_hf_config(hf_dir)
   spec = families.spec_from_hf(hf_cfg, max_seq_len=max_seq_len, dtype=dtype,
                                param_dtype=dtype, cache_dtype=dtype)
   source = TensorSource.from_dir(hf_dir)
   rules = plan(spec, source)
-  np_dtype = _np_dtype(dtype)
-  parent = os.path.dirname(out_dir)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=os.path.basename(out_dir) + ".partial-", dir=parent)
-  try:
+  np_dtype = jnp.dtype(dtype)
+  with new_folder.renamed_at_the_end(out_dir) as tmp:
     meta = {"description": f"imported from {os.path.abspath(hf_dir)} "
                            f"({hf_cfg['model_type']})", "source": os.path.abspath(hf_dir)}
     with StreamingWriter(os.path.join(tmp, PARAMS_FILE),
@@ -115,18 +110,7 @@ def import_checkpoint(hf_dir: str, out_dir: str, *, dtype: str = "float32",
     if config_py is not None:
       with open(os.path.join(tmp, "config.py"), "w") as f:
         f.write(config_py)
-    os.rename(tmp, out_dir)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
   return out_dir
-
-
-def _np_dtype(dtype: str):
-  if dtype == "bfloat16":
-    import ml_dtypes
-    return np.dtype(ml_dtypes.bfloat16)
-  return np.dtype(dtype)
 
 
 def _model_section(spec: ModelSpec) -> dict:

@@ -31,4 +31,4 @@ def load(spec: ModelSpec, source: TensorSource, rng_seed: int = 0) -> dict:
 
 
 def _name(path) -> str:
-  return "/".join(str(getattr(k, "key", k)) for k in path)
+  return jax.tree_util.keystr(path, simple=True, separator="/")

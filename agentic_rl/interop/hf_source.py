@@ -18,6 +18,7 @@ import os
 import re
 from typing import Callable
 
+import jax.numpy as jnp
 import numpy as np
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -114,11 +115,9 @@ class TensorSource:
 
   def numpy_dtype(self, name: str) -> np.dtype:
     code = self.dtype(name)
-    if code == "BF16":
-      import ml_dtypes
-      return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype({"F32": "float32", "F16": "float16", "F64": "float64", "I32": "int32",
-                     "I64": "int64"}.get(code, code.lower()))
+    # jnp.dtype knows bfloat16 (ml_dtypes); plain numpy does not.
+    return jnp.dtype({"F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                      "F64": "float64", "I32": "int32", "I64": "int64"}.get(code, code.lower()))
 
   def dtype(self, name: str) -> str:
     return self._entries[self._virtual[name][0] if name in self._virtual else name][1]

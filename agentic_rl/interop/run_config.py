@@ -34,15 +34,15 @@ def get_config(arg=""):
 def build(folder: str, saved: dict, *, retrofit: bool = False):
   """configs/quickstart.py's RL job with `saved`'s model and tokenizer, started from
   `folder`."""
-  from agentic_rl.model.config import default_model_config
+  from agentic_rl.config_schema import to_config_dict
+  from agentic_rl.model.config import validate
+  from agentic_rl.rollout.tokenizer_config import validate_tokenizer_config
   from configs import quickstart
 
   config = quickstart.get_config()
-  model = default_model_config()
-  model.update_from_flattened_dict(_flatten(saved["model"]))
-  config.model = model
-  for key, value in saved.get("tokenizer", {}).items():
-    config.tokenizer[key] = value
+  # Each section through its own checks and back: the saved JSON's lists become tuples.
+  config.model = to_config_dict(validate(saved["model"]))
+  config.tokenizer = to_config_dict(validate_tokenizer_config(saved["tokenizer"]))
   if config.tokenizer.get("chat_template"):
     config.env.tool_format = "json"  # The model's native calls, as its template writes them.
   r = config.rollout
@@ -55,12 +55,3 @@ def build(folder: str, saved: dict, *, retrofit: bool = False):
     config.train.allow_fingerprint_change = ("layer_pattern",)
   return config
 
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict):
-      out.update(_flatten(value, f"{prefix}{key}."))
-    else:
-      out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
-  return out

@@ -212,14 +212,16 @@ class ModelSpec:
     return ((("experts",) if self.is_moe_layer(layer) else ())
             + LAYER_KINDS[self.layer_types[layer]].replay)
 
-  def pass_through_params(self) -> tuple[str, ...]:
-    """Params (slash paths) that start as a pass-through: the S layers' gates under
-    s_gate='unit_sigmoid' (zero weights give a gate of exactly 1). A dense base (an
-    imported Hugging Face model) lacks them; loading it into the hybrid starts them at init."""
-    if self.s_gate != "unit_sigmoid":
-      return ()
-    return tuple(f"layer_{i}/attn/{name}" for i, kind in enumerate(self.layer_types)
-                 if kind == "S" for name in ("w_gate_dn", "b_gate_n"))
+  def params_started_fresh(self) -> tuple[str, ...]:
+    """Param names (or '/'-ending prefixes) a base may lack; loading one starts them at
+    init. The value head (route A's critic, which a policy base has none of), and the S
+    layers' gates under s_gate='unit_sigmoid' (zero weights give a gate of exactly 1): a
+    dense base, such as an imported Hugging Face model, lacks them, and the retrofitted
+    hybrid starts as a pass-through."""
+    gates = () if self.s_gate != "unit_sigmoid" else tuple(
+        f"layer_{i}/attn/{name}" for i, kind in enumerate(self.layer_types)
+        if kind == "S" for name in ("w_gate_dn", "b_gate_n"))
+    return ("value_head/",) + gates
 
   def replace(self, **changes) -> "ModelSpec":
     return dataclasses.replace(self, **changes)

@@ -155,11 +155,10 @@ class StateIO:
     changed = self.check_fingerprint(
         fingerprint_lib.of_config_json(os.path.join(folder, "config.json")), config,
         f"{source}={path!r}")
-    # A value head (route A's critic) starts fresh on a base that has none.
-    # So do the S gates of a hybrid retrofitted over a dense base: they start as pass-through.
-    fresh = ("value_head/",) + model_config.validate(config.model).pass_through_params()
-    params = params_file.load_params(path, jax.device_get(like.params), source,
-                                     fresh_prefixes=fresh)
+    # What a base may lack (a critic, pass-through S gates) starts at init.
+    params = params_file.load_params(
+        path, jax.device_get(like.params), source,
+        fresh_prefixes=model_config.validate(config.model).params_started_fresh())
     params = (distributed.replicate(self.mesh, params) if self.info.process_count > 1
               else jax.tree.map(jnp.asarray, params))
     meta = params_file.read_metadata(path)

@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import signal
+import tempfile
 import threading
 import time
 from typing import Any
@@ -163,3 +164,14 @@ class Trainer:
       self._logger.close()
     self.routes.close()
     self.audit.close()
+
+
+def load_params_with(config, path: str, source: str) -> tuple[Any, dict]:
+  """(params, provenance) saved at `path`, read as Trainer.load_params reads them under
+  `config`, by a Trainer on a scratch workdir (for launch commands that only need params)."""
+  with tempfile.TemporaryDirectory() as scratch:
+    trainer = Trainer(config, scratch)
+    try:
+      return trainer.load_params(path, source)
+    finally:
+      trainer.close()

@@ -19,6 +19,7 @@ from safetensors.numpy import load_file  # noqa: E402
 from agentic_rl.interop import hf_export, hf_import, run_config  # noqa: E402
 from agentic_rl.interop.hf_source import CheckpointError  # noqa: E402
 from agentic_rl.model import families  # noqa: E402
+from agentic_rl.model.config import validate  # noqa: E402
 from agentic_rl.model.families.hf_config import UnsupportedConfig  # noqa: E402
 from agentic_rl.train import params_file  # noqa: E402
 from tests.hf import model_fixture  # noqa: E402
@@ -58,7 +59,7 @@ def test_import_then_export_is_exact_and_transformers_loads_it(saved, tmp_path, 
   imported = hf_import.import_checkpoint(folder, str(tmp_path / "imported"))
   assert sorted(os.listdir(tmp_path)) == ["imported"]  # No partial folder left behind.
   with open(os.path.join(imported, "config.json")) as f:
-    spec = families.validate_section(json.load(f)["model"])
+    spec = validate(json.load(f)["model"])
   arrays = load_file(os.path.join(imported, "params.safetensors"))
   out = hf_export.export_params({k: v.dtype for k, v in arrays.items()}, arrays.__getitem__,
                                 spec, str(tmp_path / "exported"),
@@ -87,7 +88,7 @@ def test_the_import_is_what_a_run_starts_from(saved, tmp_path):
   assert out.returncode == 0, out.stderr[-2000:]
   assert json.loads(out.stdout.strip().splitlines()[-1])["workdir"] == str(tmp_path / "q")
   from agentic_rl.model.transformer import Model
-  spec = families.validate_section(json.load(open(tmp_path / "q" / "config.json"))["model"])
+  spec = validate(json.load(open(tmp_path / "q" / "config.json"))["model"])
   assert spec.param_dtype == "bfloat16" and spec.moe.num_experts == 4
   like = Model(spec).init(__import__("jax").random.key(0))
   params = params_file.load_params(str(tmp_path / "q"), like)
@@ -240,7 +241,7 @@ def test_export_keeps_the_checkpoints_context_length(saved, tmp_path):
   folder, _ = saved["qwen3"]
   base = hf_import.read_hf_config(folder)
   imported = hf_import.import_checkpoint(folder, str(tmp_path / "i"), max_seq_len=64)
-  spec = families.validate_section(json.load(open(os.path.join(imported, "config.json")))[
+  spec = validate(json.load(open(os.path.join(imported, "config.json")))[
       "model"])
   assert spec.max_seq_len == 64 < base["max_position_embeddings"]
   arrays = load_file(os.path.join(imported, "params.safetensors"))

@@ -30,10 +30,10 @@ def test_the_unit_sigmoid_gate_starts_exactly_as_no_gate():
                                 np.asarray(plain.forward(no_gates, tokens, positions)[0]))
 
 
-def test_pass_through_params_name_the_gates_of_s_layers_only():
-  assert _spec(s_gate="unit_sigmoid").pass_through_params() == tuple(
+def test_params_started_fresh_name_the_gates_of_s_layers_only():
+  assert _spec(s_gate="unit_sigmoid").params_started_fresh() == ("value_head/",) + tuple(
       f"layer_{i}/attn/{n}" for i in range(3) for n in ("w_gate_dn", "b_gate_n"))
-  assert _spec().pass_through_params() == ()
+  assert _spec().params_started_fresh() == ("value_head/",)
 
 
 def test_moe_layers_follow_num_dense_layers_dense_layers_and_the_step():

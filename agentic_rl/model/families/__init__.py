@@ -45,12 +45,6 @@ def spec_from_hf(cfg: Mapping[str, Any], *, max_seq_len: int = 4096, **overrides
   return ModelSpec(**fields)
 
 
-def validate_section(model_section: Mapping[str, Any]) -> ModelSpec:
-  """The ModelSpec of a saved `model` section (an import's config.json)."""
-  from agentic_rl.model.config import validate
-  return validate(model_section)
-
-
 def family_for_spec(spec: ModelSpec, model_type: str | None = None) -> Family:
   """The family a spec exports as: `model_type` if given, else Qwen3(-MoE) for q/k-normed
   specs and Llama otherwise."""
