@@ -33,6 +33,7 @@ import ml_collections
 
 from agentic_rl.envs.config import default_env_config
 from agentic_rl.model.config import default_model_config
+from agentic_rl.parallel.mesh_config import default_mesh_config
 from agentic_rl.rl.config import default_rl_config
 from agentic_rl.rollout.config import default_rollout_config
 from agentic_rl.rollout.tokenizer_config import default_tokenizer_config
@@ -89,6 +90,9 @@ def get_config() -> ml_collections.ConfigDict:
   rl.optim.learning_rate = 1e-3
   rl.optim.warmup_steps = 2
   rl.optim.decay_steps = 200
+
+  # Every device on the data axis; e.g. --config.mesh.fsdp=2 shards params and moments.
+  config.mesh = default_mesh_config()
 
   t = config.train = default_train_config()
   t.sft_steps = 3000  # An upper bound: the validation plateau stops it.

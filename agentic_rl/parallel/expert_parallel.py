@@ -90,9 +90,12 @@ def all_to_all_moe(x_btd, experts_btp, gates_btp, valid_bt, w_gate_edf, w_up_edf
                      f"{w_gate_edf.shape[0]}.")
   batch = tuple(a for a in rules.BATCH_AXES if a in sizes)
   rows = math.prod(sizes[a] for a in batch)
-  if x_btd.shape[0] % rows:
-    raise ValueError(f"expert parallelism splits the batch of {x_btd.shape[0]} rows over "
-                     f"{batch} = {rows} shards: pad the batch to a multiple of {rows}.")
+  b = x_btd.shape[0]
+  pad = -b % rows
+  if pad:  # A batch the shards do not divide (one prefill row, say): idle rows, not routed.
+    grow = lambda x: jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))  # noqa: E731
+    x_btd, experts_btp, gates_btp, valid_bt = map(grow, (x_btd, experts_btp, gates_btp,
+                                                         valid_bt))
   fn = jax.shard_map(
       functools.partial(_local, ep=ep, capacity_factor=capacity_factor,
                         axes=batch),
@@ -102,4 +105,4 @@ def all_to_all_moe(x_btd, experts_btp, gates_btp, valid_bt, w_gate_edf, w_up_edf
       out_specs=(P(batch), P()))
   y_btd, counts = fn(x_btd, experts_btp, gates_btp, valid_bt, w_gate_edf, w_up_edf,
                      w_down_efd)
-  return y_btd, {"dropped": counts[0], "assignments": counts[1]}
+  return y_btd[:b], {"dropped": counts[0], "assignments": counts[1]}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 from jax.sharding import AxisType, Mesh
 
+from agentic_rl.config_schema import FieldError
 from agentic_rl.parallel import rules
 from agentic_rl.parallel.mesh_config import AXES, MeshSpec, check_model
 
@@ -19,7 +20,10 @@ from agentic_rl.parallel.mesh_config import AXES, MeshSpec, check_model
 def build_mesh(spec: MeshSpec, model_spec=None, devices=None) -> Mesh:
   """A mesh over `devices` (default: every device of every process) with axes AXES."""
   devices = list(jax.devices() if devices is None else devices)
-  sizes = spec.resolve(len(devices))
+  try:
+    sizes = spec.resolve(len(devices))
+  except FieldError as err:
+    raise err.at("config.mesh") from None
   if model_spec is not None:
     check_model(sizes, model_spec)
   return jax.make_mesh(tuple(sizes[a] for a in AXES), AXES,

@@ -142,9 +142,21 @@ def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, s
   })
   sums.update(_mismatch_sums(learner_old_bt, sampler_logp_bt, out["aux"]["layers"], batch,
                              model=model, spec=spec))
+  sums.update(expert_overflow_sums(out["aux"]["layers"]))
   sums = jax.tree.map(jax.lax.stop_gradient, sums)
   loads = tuple(layer.get("expert_load") for layer in out["aux"]["layers"])
   return loss, (sums, jax.lax.stop_gradient(loads))
+
+
+def expert_overflow_sums(layers_aux) -> dict:
+  """moe/dropped and moe/routed: expert assignments the expert-parallel dispatch dropped
+  over capacity, of those routed, summed over layers; {} when no layer has a capacity."""
+  layers = [layer for layer in layers_aux if "dropped_assignments" in layer]
+  if not layers:
+    return {}
+  total = lambda key: sum(layer[key].astype(jnp.float32) for layer in layers)  # noqa: E731
+  return {"moe/dropped": total("dropped_assignments"),
+          "moe/routed": total("routed_assignments")}
 
 
 def _critic_terms(values_bt, batch: Batch, norms, spec: RLSpec):

@@ -122,6 +122,9 @@ def _finalize_metrics(sums, norms, grad_norm, finite, state, lr):
   if "value_sum" in sums:
     metrics["value_mean"] = sums["value_sum"] / n_tok
     metrics["return_mean"] = sums["return_sum"] / n_tok
+  if "moe/dropped" in sums:  # Expert parallel: overflow is logged every step, not hidden.
+    metrics["moe/dropped_assignments"] = sums["moe/dropped"]
+    metrics["moe/overflow_frac"] = sums["moe/dropped"] / jnp.maximum(sums["moe/routed"], 1.0)
   mm = {k[len("mm/"):]: v for k, v in sums.items() if k.startswith("mm/")}
   metrics.update(mismatch.finalize(mm))
   return metrics

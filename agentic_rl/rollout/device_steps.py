@@ -14,6 +14,11 @@ one draw after each row's last valid position:
   * fork    = copy a prompt-store row into a slot row and draw the slot's
               first token from the prompt's last logits.
 
+On a mesh (the engine's `mesh`: parallel/placement.sampler_mesh) the params come with the
+learner's shardings, every cache is born and kept sharded by the rules (rows over the
+batch axes, kv heads over tensor: parallel/rules.cache_specs), and each call runs under
+`jax.set_mesh`, which the expert-parallel MoE dispatch needs.
+
 Shapes are fixed (slots, P, C), so after the first call of each nothing
 recompiles during a run; `trace_counts` counts traces (one per compilation).
 
@@ -32,14 +37,17 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from agentic_rl.model import cache as cache_lib
 from agentic_rl.model import transformer
+from agentic_rl.parallel import rules
 from agentic_rl.rollout import sampling
 
 
@@ -49,10 +57,21 @@ class StepOutput:
   sampled: sampling.Sampled  # One draw per row (after the row's last valid position).
   replay: Any  # model.forward's routing/blocks for the call's input positions.
   last_logits_bv: jax.Array  # float32 [B, V] logits at each row's last valid position.
+  # int32 [2]: expert assignments dropped over capacity and routed, summed over the MoE
+  # layers (expert-parallel dispatch; zeros when nothing has a capacity).
+  overflow: jax.Array
 
 
-jax.tree_util.register_dataclass(StepOutput, data_fields=["sampled", "replay", "last_logits_bv"],
-                                 meta_fields=[])
+jax.tree_util.register_dataclass(
+    StepOutput, data_fields=["sampled", "replay", "last_logits_bv", "overflow"],
+    meta_fields=[])
+
+
+def overflow_counts(aux: dict) -> jax.Array:
+  """int32 [2]: (dropped, routed) expert assignments summed over a forward's layers."""
+  total = lambda key: sum((layer[key].astype(jnp.int32) for layer in aux["layers"]  # noqa: E731
+                           if key in layer), jnp.int32(0))
+  return jnp.stack([total("dropped_assignments"), total("routed_assignments")])
 
 
 class DeviceSteps:
@@ -63,16 +82,45 @@ class DeviceSteps:
   """
 
   def __init__(self, model: transformer.Model, sampling_params: sampling.SamplingParams,
-               chunk: int):
+               chunk: int, mesh: Mesh | None = None):
     self.model = model
     self.sampling_params = sampling_params
     self.chunk = chunk
+    self.mesh = mesh
     self.trace_counts: collections.Counter[str] = collections.Counter()
-    self.forward_and_sample = jax.jit(self._forward_and_sample, donate_argnums=(1,))
-    self.gather_rows = jax.jit(self._gather_rows)
-    self.scatter_rows = jax.jit(self._scatter_rows, donate_argnums=(0,))
-    self.fork = jax.jit(self._fork, donate_argnums=(0,))
-    self.reset_rows = jax.jit(self._reset_rows, donate_argnums=(0,))
+    self.forward_and_sample = self._on_mesh(jax.jit(self._forward_and_sample,
+                                                    donate_argnums=(1,)))
+    self.gather_rows = self._on_mesh(jax.jit(self._gather_rows))
+    self.scatter_rows = self._on_mesh(jax.jit(self._scatter_rows, donate_argnums=(0,)))
+    self.fork = self._on_mesh(jax.jit(self._fork, donate_argnums=(0,)))
+    self.reset_rows = self._on_mesh(jax.jit(self._reset_rows, donate_argnums=(0,)))
+
+  def _on_mesh(self, fn):
+    if self.mesh is None:
+      return fn
+
+    @functools.wraps(fn)
+    def call(*args):
+      with jax.set_mesh(self.mesh):
+        return fn(*args)
+    return call
+
+  def init_cache(self, rows: int, max_len: int):
+    """An empty cache of `rows` sequences, born in its shards on the mesh."""
+    make = lambda: self.model.init_cache(rows, max_len)  # noqa: E731
+    if self.mesh is None:
+      return make()
+    return jax.jit(make, out_shardings=self._cache_shardings(jax.eval_shape(make)))()
+
+  def _cache_shardings(self, cache):
+    return rules.named(self.mesh, rules.cache_specs(cache, rules.mesh_sizes(self.mesh)))
+
+  def _keep_sharded(self, cache):
+    """Pins a returned cache to the rules' shardings, so every call sees the same input
+    shardings (no recompiles) and donation reuses the buffers."""
+    if self.mesh is None:
+      return cache
+    return jax.lax.with_sharding_constraint(cache, self._cache_shardings(cache))
 
   @property
   def num_traces(self) -> int:
@@ -133,7 +181,7 @@ class DeviceSteps:
     """
     self.trace_counts["fork"] += 1
     row = cache_lib.gather_sequences(store, src_row[None])
-    cache = cache_lib.scatter_sequences(cache, dst_row[None], row)
+    cache = self._keep_sharded(cache_lib.scatter_sequences(cache, dst_row[None], row))
     keys_b = sampling.trajectory_keys(seed[None], position[None] + 1)
     return cache, sampling.sample(logits_v[None], keys_b, self.sampling_params, forced[None])
 
@@ -145,16 +193,17 @@ class DeviceSteps:
     last_pos_b = jnp.take_along_axis(positions_bt, last_b[:, None], axis=1)[:, 0]
     keys_b = sampling.trajectory_keys(seeds_b, last_pos_b + 1)
     sampled = sampling.sample(last_logits_bv, keys_b, self.sampling_params, forced_b)
-    return cache, StepOutput(sampled, transformer.replay_from_aux(aux), last_logits_bv)
+    return self._keep_sharded(cache), StepOutput(
+        sampled, transformer.replay_from_aux(aux), last_logits_bv, overflow_counts(aux))
 
   def _gather_rows(self, cache, rows):
     self.trace_counts["gather_rows"] += 1
-    return cache_lib.gather_sequences(cache, rows)
+    return self._keep_sharded(cache_lib.gather_sequences(cache, rows))
 
   def _scatter_rows(self, cache, rows, sub):
     self.trace_counts["scatter_rows"] += 1
-    return cache_lib.scatter_sequences(cache, rows, sub)
+    return self._keep_sharded(cache_lib.scatter_sequences(cache, rows, sub))
 
   def _reset_rows(self, cache, reset_b):
     self.trace_counts["reset_rows"] += 1
-    return cache_lib.reset_sequences(cache, reset_b)
+    return self._keep_sharded(cache_lib.reset_sequences(cache, reset_b))

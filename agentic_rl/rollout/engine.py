@@ -82,9 +82,10 @@ class RolloutEngine(TrajectoryTurns):
   def __init__(self, model: transformer.Model, params, spec: config_lib.RolloutSpec,
                tokenizer, env_factory: Callable[[], Any], *, policy_version: int = 0,
                teacher_factory: Callable[[Any], Any] | None = None,
-               steps: DeviceSteps | None = None):
+               steps: DeviceSteps | None = None, mesh=None):
     """steps: compiled device steps to share with other engines of the same model,
-    sampling setting and chunk size (default: new ones)."""
+    sampling setting, chunk size and mesh (default: new ones). mesh: the devices to
+    sample on, caches sharded by the rules (parallel/placement.sampler_mesh); None: one."""
     if tokenizer.vocab_size > model.spec.vocab_size:
       raise ValueError(f"the tokenizer uses {tokenizer.vocab_size} ids but the model's "
                        f"vocab_size is {model.spec.vocab_size}.")
@@ -96,16 +97,18 @@ class RolloutEngine(TrajectoryTurns):
     self._params_lock = threading.Lock()
     self._params, self._version = params, int(policy_version)
     sampling_params = sampling.SamplingParams(spec.temperature, spec.top_k, spec.top_p)
+    if steps is not None and mesh is None:
+      mesh = steps.mesh
     if steps is None:
-      steps = DeviceSteps(model, sampling_params, spec.prefill_chunk)
+      steps = DeviceSteps(model, sampling_params, spec.prefill_chunk, mesh)
     elif (steps.model.spec != model.spec or steps.sampling_params != sampling_params
-          or steps.chunk != spec.prefill_chunk):
+          or steps.chunk != spec.prefill_chunk or steps.mesh != mesh):
       raise ValueError("the shared DeviceSteps were built for another model spec, sampling "
-                       f"setting ({steps.sampling_params}) or chunk ({steps.chunk}); this "
-                       f"engine needs {sampling_params} and chunk {spec.prefill_chunk}.")
+                       f"setting ({steps.sampling_params}), chunk ({steps.chunk}) or mesh; "
+                       f"this engine needs {sampling_params} and chunk {spec.prefill_chunk}.")
     self.steps = steps
-    self.cache = model.init_cache(spec.num_slots, spec.max_len)
-    self.store = model.init_cache(spec.prompt_store_rows, spec.max_len)
+    self.cache = steps.init_cache(spec.num_slots, spec.max_len)
+    self.store = steps.init_cache(spec.prompt_store_rows, spec.max_len)
     # Host records of each row's cache length, kept apart from the trajectories' own
     # counts, so each device step checks its positions without reading the device.
     self._cache_lengths = np.zeros(spec.num_slots, np.int64)
@@ -328,7 +331,8 @@ class RolloutEngine(TrajectoryTurns):
       self.store = new_cache
     else:
       self.cache = new_cache
-    sampled, replay = jax.device_get((out.sampled, out.replay))
+    sampled, replay, overflow = jax.device_get((out.sampled, out.replay, out.overflow))
+    self.stats.add_overflow(overflow)
     self.stats.prefill_calls += 1
     self.stats.prefill_rows_used += len(batch.owners)
     self.stats.prefilled_tokens += sum(batch.counts)
@@ -360,7 +364,8 @@ class RolloutEngine(TrajectoryTurns):
     self.cache, out = self.steps.decode(params, self.cache, tokens, positions, seeds, forced,
                                         self._cache_lengths)
     device_batch.advance_lengths(self._cache_lengths, np.arange(s), positions[:, None])
-    sampled, replay = jax.device_get((out.sampled, out.replay))
+    sampled, replay, overflow = jax.device_get((out.sampled, out.replay, out.overflow))
+    self.stats.add_overflow(overflow)
     self.stats.decode_steps += 1
     self.stats.decode_rows += len(rows)
     for a in rows:

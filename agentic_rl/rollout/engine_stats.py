@@ -43,6 +43,14 @@ class RolloutStats:
   steady_slot_s: float = 0.0
   peak_kv_bytes: int = 0  # Largest live KV footprint (slots + prompt store).
   allocated_kv_bytes: int = 0
+  # Expert assignments the expert-parallel dispatch dropped over its capacity, of those
+  # routed (prefill and decode; 0 of 0 without a capacity): the sampler's overflow.
+  dropped_assignments: int = 0
+  routed_assignments: int = 0
+
+  def add_overflow(self, dropped_routed) -> None:
+    self.dropped_assignments += int(dropped_routed[0])
+    self.routed_assignments += int(dropped_routed[1])
 
   def add_time(self, bucket: str, dt: float, busy: int, steady: bool) -> None:
     """`dt` seconds of the scheduler in `bucket`, with `busy` slots holding device work."""
@@ -61,6 +69,8 @@ class RolloutStats:
     d["slot_utilization"] = self.busy_slot_s / self.slot_s if self.slot_s else 0.0
     d["steady_slot_utilization"] = (self.steady_busy_slot_s / self.steady_slot_s
                                     if self.steady_slot_s else None)
+    d["overflow_frac"] = (self.dropped_assignments / self.routed_assignments
+                          if self.routed_assignments else 0.0)
     d["decode_occupancy"] = (self.decode_rows / (self.decode_steps * self.num_slots)
                              if self.decode_steps else 0.0)
     return d

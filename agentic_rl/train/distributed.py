@@ -1,4 +1,5 @@
-"""Multi-process setup: one JAX process per host, data split across processes.
+"""Multi-process setup: one JAX process per host, data split across processes (the mesh
+and what sits on it: agentic_rl/parallel/).
 
 On a TPU pod every host runs the same command and `jax.distributed.initialize()`
 discovers the others. On CPU (tests, laptops) processes are started by hand
@@ -13,7 +14,6 @@ import os
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,34 +45,6 @@ def initialize(coordinator_address: str = "", num_processes: int = 1,
   return ProcessInfo(jax.process_index(), jax.process_count())
 
 
-def data_mesh() -> Mesh:
-  """A 1-D mesh over every device of every process, axis "data"."""
-  return Mesh(np.array(jax.devices()), ("data",))
-
-
-def replicated(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, P())
-
-
-def batch_sharded(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, P("data"))
-
-
-def global_batch(mesh: Mesh, local_tree):
-  """Assembles each process's local rows into one global array per leaf (rows sharded)."""
-  sharding = batch_sharded(mesh)
-  return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)),
-                      local_tree)
-
-
-def replicate(mesh: Mesh, tree):
-  """Places a host-identical pytree on every device (params, optimiser state)."""
-  sharding = replicated(mesh)
-  return jax.tree.map(
-      lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x), np.shape(x)),
-      tree)
-
-
 def shard_indices(num_items: int, info: ProcessInfo) -> range:
   """The slice of a global item list that this process owns (round-robin)."""
   return range(info.process_index, num_items, info.process_count)
@@ -83,23 +55,3 @@ def all_gather(info: ProcessInfo, x: np.ndarray) -> np.ndarray:
   if info.process_count == 1:
     return x
   return np.asarray(multihost_utils.process_allgather(x)).reshape(-1)
-
-
-def local_copy(info: ProcessInfo, tree):
-  """This process's copy of a replicated tree (what the rollout engine uses)."""
-  if info.process_count == 1:
-    return tree
-  return jax.tree.map(lambda x: x.addressable_data(0), tree)
-
-
-def ensure_replicated(info: ProcessInfo, mesh: Mesh, tree):
-  """`tree` replicated over the global mesh; with one process, or when every leaf already
-  is, as given (the host round trip happens only where it must)."""
-  if info.process_count == 1:
-    return tree
-  sharding = replicated(mesh)
-  leaves = jax.tree.leaves(tree)
-  if all(isinstance(x, jax.Array) and x.sharding.is_equivalent_to(sharding, x.ndim)
-         for x in leaves):
-    return tree
-  return replicate(mesh, jax.device_get(tree))

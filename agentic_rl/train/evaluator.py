@@ -35,13 +35,13 @@ class Evaluator:
     return all((scores or {}).get(k) == v for k, v in self.settings().items())
 
   def score(self, route, params) -> dict:
-    """Held-out scores of `params` (replicated) with `route`'s eval engine: pass@1 and
+    """Held-out scores of `params` (on the run's mesh) with `route`'s eval engine: pass@1 and
     its stderr (tasks as the unit), any-of-k, the unbiased pass@k curve, the sharpening
     headroom pass@n - pass@1, and each task's solves (for paired gains)."""
     t0 = time.time()
     num_tasks = int(self.train_spec.eval_tasks)
     indices = list(distributed.shard_indices(num_tasks, self.info))
-    route.eval_engine.set_params(distributed.local_copy(self.info, params), 0)
+    route.eval_engine.set_params(route.sampler_params(params), 0)
     trajs = route.eval_engine.run([self.heldout_source[i] for i in indices],
                                   task_seeds=indices)
     rewards = np.asarray([t.reward for t in trajs], np.float32)

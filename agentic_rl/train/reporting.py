@@ -12,6 +12,7 @@ import jax
 import numpy as np
 
 from agentic_rl.envs import env as env_lib
+from agentic_rl.parallel import placement
 from agentic_rl.rollout import config as rollout_config_lib
 from agentic_rl.train.evaluation import SOLVED_REWARD, paired_gain, pass1_stderr
 from agentic_rl.train.evaluator import SETTING_KEYS
@@ -60,7 +61,7 @@ def tool_statistics(trajs) -> dict:
 def params_digest(params) -> str:
   """A hash of every parameter's bytes: equal runs give equal digests."""
   h = hashlib.sha256()
-  for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(params)):
+  for path, leaf in jax.tree_util.tree_leaves_with_path(placement.to_host(params)):
     h.update(jax.tree_util.keystr(path).encode())
     h.update(np.ascontiguousarray(leaf).tobytes())
   return h.hexdigest()

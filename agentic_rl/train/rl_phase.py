@@ -13,7 +13,6 @@ from agentic_rl.records.trajectory import to_batch
 from agentic_rl.rl import dynamic_sampling
 from agentic_rl.rl import task_selection
 from agentic_rl.rl.train_step import TrainState
-from agentic_rl.train import distributed
 from agentic_rl.train import reporting
 from agentic_rl.train import sft as sft_lib
 from agentic_rl.train.curves import history_row
@@ -47,7 +46,7 @@ class RolloutGroups:
 
 def run_rl(ctx: RunContext, state: TrainState, run: RunState) -> TrainState:
   num_steps = int(ctx.config.rl.num_steps)
-  state = ctx.state_io.replicated(state)
+  state = ctx.state_io.place(state)
   _score_start(ctx, state, run)
   pool = _task_pool(ctx, run)
   run_start, steps_done = time.time(), 0
@@ -108,7 +107,7 @@ def _rl_step(ctx: RunContext, pool, state, run: RunState, num_steps: int
   step = run.rl_step
   route = ctx.routes.for_step(step)
   # At a stage switch: the new route's layout (route A adds a critic). Else a no-op.
-  state = ctx.state_io.replicated(route.adopt(state, ctx.config.seed))
+  state = ctx.state_io.place(route.adopt(state, ctx.config.seed))
   t0 = time.time()
   trajs, numbers, outcome_rewards, rollout_logged = _collect(ctx, route, pool, state, step)
   t1 = time.time()
@@ -117,9 +116,10 @@ def _rl_step(ctx: RunContext, pool, state, run: RunState, num_steps: int
   longest = int(ctx.gather(np.asarray([max(t.length for t in trajs)], np.int64)).max())
   local_batch = to_batch(trajs, length=sft_lib.padded_length(
       max(longest, 1), route.rollout_spec.max_len, multiple=128))  # 0: nothing started.
-  batch = (distributed.global_batch(ctx.mesh, local_batch) if ctx.info.process_count > 1
-           else local_batch)
-  state, metrics = route.train_step(state, batch)
+  with ctx.learning():
+    state, metrics = route.train_step(state, ctx.place_rows(local_batch))
+  # Pinned to the rules' shardings (a no-op where the step kept them).
+  state = ctx.state_io.place(state)
   metrics = jax.device_get(metrics)
   learner_s = time.time() - t1
   run.rl_step = step + 1
@@ -160,8 +160,10 @@ def _collect(ctx: RunContext, route, pool, state, step: int):
   """(this process's trajectories, every process's sampled task numbers and rewards,
   rollout metrics): dynamic sampling until the step's groups are informative."""
   t0 = time.time()
+  overflow_before = (route.engine.stats.dropped_assignments,
+                     route.engine.stats.routed_assignments)
   pool.rng = np.random.default_rng([ctx.config.seed, 11, step])
-  route.engine.set_params(ctx.local(state.params), step)
+  route.engine.set_params(route.sampler_params(state.params), step)
   source = RolloutGroups(route.engine, ctx.tasks, step)
   sampler = dynamic_sampling.DynamicSampler(pool, source)
   groups, stats = sampler.collect(ctx.train_spec.groups_per_step // ctx.info.process_count)
@@ -178,6 +180,18 @@ def _collect(ctx: RunContext, route, pool, state, step: int):
             "rollout/groups_dropped": stats.groups_dropped,
             "rollout/sampling_rounds": stats.rounds,
             "rollout/peak_kv_bytes": route.engine.stats.peak_kv_bytes,
+            **_sampler_overflow(route.engine.stats, overflow_before),
             **reporting.end_reason_metrics(source.end_reasons, ctx.gather),
             **selection}
   return trajs, numbers, rewards, logged
+
+
+def _sampler_overflow(stats, before: tuple[int, int]) -> dict:
+  """rollout/moe_overflow_frac: the share of this step's expert assignments the sampler's
+  expert-parallel dispatch dropped over capacity ({} when none had a capacity)."""
+  dropped = stats.dropped_assignments - before[0]
+  routed = stats.routed_assignments - before[1]
+  if not routed:
+    return {}
+  return {"rollout/moe_dropped_assignments": float(dropped),
+          "rollout/moe_overflow_frac": dropped / routed}

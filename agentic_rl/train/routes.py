@@ -14,6 +14,7 @@ import ml_collections
 
 from agentic_rl.model import config as model_config_lib
 from agentic_rl.model import transformer
+from agentic_rl.parallel import placement
 from agentic_rl.rl import config as rl_config_lib
 from agentic_rl.rl import train_step as train_step_lib
 from agentic_rl.rollout import config as rollout_config_lib
@@ -32,11 +33,26 @@ class Route:
   train_step: Any
   engine: engine_lib.RolloutEngine
   eval_engine: engine_lib.RolloutEngine
+  mesh: Any = None  # The learner's mesh (None: wherever JAX puts things).
+  sampler_mesh: Any = None  # The engines' mesh (parallel/placement.sampler_mesh).
 
   def init_state(self, seed: int) -> train_step_lib.TrainState:
-    """Fresh params from `seed` and a fresh optimiser state. The KL reference is the
-    policy RL starts from: set when SFT hands over or start params load, then carried."""
-    return self._state_from(self.model.init(jax.random.key(seed)))
+    """Fresh params from `seed` and a fresh optimiser state, each born in its shards on
+    the mesh. The KL reference is the policy RL starts from: set when SFT hands over or
+    start params load, then carried."""
+    key = jax.random.key(seed)
+    if self.mesh is None:
+      return self._state_from(self.model.init(key))
+    shardings = placement.state_shardings(self.layout, self.mesh)
+    params = self.model.init(key, out_shardings=shardings.params)
+    return jax.jit(self._state_from, out_shardings=shardings)(params)
+
+  def sampler_params(self, params):
+    """`params` as the engines take them (placement.to_sampler): the same arrays with one
+    process; gathered once onto this process's devices with several."""
+    if self.sampler_mesh is None:
+      return params
+    return placement.to_sampler(params, self.sampler_mesh)
 
   def _state_from(self, params) -> train_step_lib.TrainState:
     ref = params if self.rl_spec.loss.kl_coef > 0 else None
@@ -98,8 +114,11 @@ class Routes:
   """The route of each RL step, built once per stage."""
 
   def __init__(self, base_config: ml_collections.ConfigDict, train_spec, tokenizer,
-               env_factory: Callable):
+               env_factory: Callable, mesh=None):
+    """mesh: the learner's (parallel/mesh.build_mesh); None leaves placement to JAX."""
     self.base_config = base_config
+    self.mesh = mesh
+    self.sampler_mesh = None if mesh is None else placement.sampler_mesh(mesh)
     self.train_spec = train_spec
     self.tokenizer = tokenizer
     self.env_factory = env_factory
@@ -134,11 +153,12 @@ class Routes:
                                     group_size=tc.eval_samples, **greedy)
     # Weights arrive through set_params before every use.
     engine = engine_lib.RolloutEngine(model, None, rollout_spec, self.tokenizer,
-                                      self.env_factory)
+                                      self.env_factory, mesh=self.sampler_mesh)
     eval_engine = engine_lib.RolloutEngine(model, None, eval_spec, self.tokenizer,
-                                           self.env_factory)
+                                           self.env_factory, mesh=self.sampler_mesh)
     return Route(name, config, model, rl_spec, rollout_spec, eval_spec,
-                 train_step_lib.make_train_step(model, rl_spec), engine, eval_engine)
+                 train_step_lib.make_train_step(model, rl_spec), engine, eval_engine,
+                 self.mesh, self.sampler_mesh)
 
   def close(self):
     if self.current is not None:

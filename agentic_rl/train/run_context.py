@@ -7,8 +7,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import ml_collections
 
+from agentic_rl.parallel import placement
 from agentic_rl.rl.train_step import TrainState
 from agentic_rl.train import distributed
 from agentic_rl.train.checkpointing import Checkpointer
@@ -42,8 +44,13 @@ class RunContext:
   def gather(self, x):
     return distributed.all_gather(self.info, x)
 
-  def local(self, tree):
-    return distributed.local_copy(self.info, tree)
+  def place_rows(self, local_batch):
+    """This process's rows of a batch as global arrays, rows over the mesh's batch axes."""
+    return placement.place_rows(self.mesh, local_batch, self.info.process_count)
+
+  def learning(self):
+    """The context a learner step runs in: the mesh set (expert parallelism needs it)."""
+    return jax.set_mesh(self.mesh)
 
   def save(self, state: TrainState, run: RunState, *, force: bool = False):
     self.state_io.save(self.checkpoints, state, run, self.routes.current.config, force=force)

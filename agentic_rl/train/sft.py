@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from agentic_rl.parallel import placement
 from agentic_rl.rl.train_step import TrainState
 from agentic_rl.rollout import engine as engine_lib
 from agentic_rl.rollout import teacher as teacher_lib
@@ -199,7 +200,7 @@ class PlateauStop:
     self.last_nll, self.last_accuracy = nll, accuracy
     if nll < self.best_nll - self.min_delta:
       self.best_nll, self.best_step, self.since_best = nll, step, 0
-      self.best_params = jax.device_get(params)
+      self.best_params = placement.to_host(params)
     else:
       self.since_best += 1
     return self.since_best >= self.patience

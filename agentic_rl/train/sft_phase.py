@@ -28,7 +28,7 @@ def run_sft(ctx: RunContext, state: TrainState, run: RunState) -> TrainState:
   optimizer = train_step_lib.make_optimizer(sft_lib.sft_learner_spec(route.rl_spec, tc))
   if run.sft_step == 0:
     state = state.replace(opt_state=optimizer.init(state.params))
-  state = ctx.state_io.replicated(state)
+  state = ctx.state_io.place(state)
   arrays, length = _demonstration_arrays(ctx, route, state)
   step_fn = sft_lib.make_sft_step(route.model, optimizer)
   plateau = _plateau(ctx, route, length) if tc.sft_eval_every else None
@@ -69,7 +69,7 @@ def _demonstration_arrays(ctx: RunContext, route, state) -> tuple[dict, int]:
   long_idx = [i for i, d in enumerate(demos) if d is None]
   if long_idx:  # An action over max_new_tokens_per_turn: the engine truncates it as RL would.
     recorded = sft_lib.record_demonstrations(
-        route.model, ctx.local(state.params), route.rollout_spec, ctx.tokenizer,
+        route.model, route.sampler_params(state.params), route.rollout_spec, ctx.tokenizer,
         ctx.env_factory, [tasks[i] for i in long_idx],
         play_expert=ctx.env_family.play_expert, steps=route.engine.steps)
     for i, d in zip(long_idx, recorded):
@@ -107,10 +107,10 @@ def _sft_step(ctx: RunContext, step_fn, state, arrays, plateau, run: RunState
   num_demos = len(arrays["tokens_bt"])
   rows = rng.choice(num_demos, size=local_batch, replace=num_demos < local_batch)
   local = {k: v[rows] for k, v in arrays.items()}
-  batch = (distributed.global_batch(ctx.mesh, local) if ctx.info.process_count > 1
-           else {k: jnp.asarray(v) for k, v in local.items()})
   t0 = time.time()
-  state, metrics = step_fn(state, batch)
+  with ctx.learning():
+    state, metrics = step_fn(state, ctx.place_rows(local))
+  state = ctx.state_io.place(state)
   metrics = jax.device_get(metrics)
   run.sft_step = s + 1
   ctx.logger.scalars(run.sft_step, metrics)

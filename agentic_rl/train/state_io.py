@@ -16,6 +16,7 @@ import ml_collections
 
 from agentic_rl import resources
 from agentic_rl.model import config as model_config
+from agentic_rl.parallel import placement
 from agentic_rl.rl.train_step import TrainState
 from agentic_rl.train import distributed
 from agentic_rl.train import fingerprint as fingerprint_lib
@@ -63,8 +64,10 @@ class StateIO:
     self.tokenizer_hash = tokenizer_hash  # The run's one tokenizer, hashed once.
     self.allow_fingerprint_change = allow_fingerprint_change
 
-  def replicated(self, tree):
-    return distributed.ensure_replicated(self.info, self.mesh, tree)
+  def place(self, tree):
+    """`tree` (a TrainState, params or moments) on the run's mesh by the sharding rules;
+    leaves already there are kept as they are."""
+    return placement.place(tree, placement.state_shardings(tree, self.mesh))
 
   def fingerprint(self, config: ml_collections.ConfigDict) -> dict:
     return {**fingerprint_lib.model_layout(config.model), "tokenizer": self.tokenizer_hash}
@@ -86,7 +89,7 @@ class StateIO:
            config: ml_collections.ConfigDict, *, force: bool = False):
     """Saves at the run's global step; `config` is the route that trained the params."""
     # Orbax writes multi-host state as global arrays.
-    ckpt.save(run.global_step, {"train": self.replicated(state)}, None,
+    ckpt.save(run.global_step, {"train": self.place(state)}, None,
               run.to_extras(self.fingerprint(config)), force=force)
 
   def resume(self, ckpt: Checkpointer, layout_for_step, config_for_step
@@ -103,7 +106,7 @@ class StateIO:
     # trained step N - 1; at a stage switch, the next step adopts the new route's layout.
     trained_by = max(run.rl_step - 1, 0)
     self.check_fingerprint(saved_fingerprint, config_for_step(trained_by), source)
-    layout = {"train": self.replicated(layout_for_step(trained_by))}
+    layout = {"train": self.place(layout_for_step(trained_by))}
     layouts = [layout]
     # Route A checkpoints written before route A had a critic: the next step grafts one.
     without_critic = params_file.rename_keys(layout, {"value_head": None})
@@ -131,7 +134,7 @@ class StateIO:
   def _params_from_checkpoint(self, path, like, config, source):
     directory, step = resolve_checkpoint(path)
     reader = Checkpointer(directory, read_only=True)
-    like = self.replicated(like)
+    like = self.place(like)
     # The source may or may not carry a KL reference (its run's kl_coef): try both layouts.
     layouts = [{"train": like}]
     if like.ref_params is not None:
@@ -147,7 +150,7 @@ class StateIO:
           f"sft step {extras.get('sft_step')}, rl step {extras.get('rl_step')})", flush=True)
     where = {"directory": directory, "step": int(step), "layout_changed": changed,
              **provenance(extras)}
-    return restored["train"].params, where  # With `like`'s shardings (replicated).
+    return restored["train"].params, where  # With `like`'s shardings.
 
   def _params_from_file(self, path, like, config, source):
     folder = path if os.path.isdir(path) else os.path.dirname(path)
@@ -157,10 +160,9 @@ class StateIO:
         f"{source}={path!r}")
     # What a base may lack (a critic, pass-through S gates) starts at init.
     params = params_file.load_params(
-        path, jax.device_get(like.params), source,
+        path, placement.to_host(like.params), source,
         fresh_prefixes=model_config.validate(config.model).params_started_fresh())
-    params = (distributed.replicate(self.mesh, params) if self.info.process_count > 1
-              else jax.tree.map(jnp.asarray, params))
+    params = self.place(params)  # Host values, cut into their shards.
     meta = params_file.read_metadata(path)
     file = params_file.params_path(path)
     print(f"params from {file} ({meta.get('description', 'no description')})", flush=True)

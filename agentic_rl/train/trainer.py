@@ -24,6 +24,9 @@ from typing import Any
 import ml_collections
 
 from agentic_rl.envs import registry
+from agentic_rl.model import config as model_config
+from agentic_rl.parallel import mesh as mesh_lib
+from agentic_rl.parallel import mesh_config
 from agentic_rl.rollout import tokenizer as tokenizer_lib
 from agentic_rl.train import config as train_config_lib
 from agentic_rl.train import distributed
@@ -49,7 +52,9 @@ class Trainer:
     self.workdir = os.path.abspath(workdir)
     self.train_spec = tc = train_config_lib.validate_train_config(config.train)
     self.info = distributed.initialize(tc.coordinator_address, tc.num_processes, tc.process_id)
-    self.mesh = distributed.data_mesh()
+    # The learner's mesh (config.mesh), checked against the devices and the model first.
+    self.mesh = mesh_lib.build_mesh(mesh_config.validate_mesh_config(config.mesh),
+                                    model_config.validate(config.model))
     self.tokenizer = tokenizer_lib.make_tokenizer(config.tokenizer)
     # The env by name (config.env.name): its spec, envs, tasks, families and expert.
     self.env_spec = spec = registry.build_spec(config.env, max_turns=config.rollout.max_turns)
@@ -66,7 +71,7 @@ class Trainer:
     self.audit = family.make_audit_log(  # config.env.audit_* reach the run's log.
         spec, os.path.join(self.workdir, f"audit.{self.info.process_index}.jsonl"))
     self.env_factory = functools.partial(family.make_env, spec, self.audit)
-    self.routes = Routes(config, tc, self.tokenizer, self.env_factory)
+    self.routes = Routes(config, tc, self.tokenizer, self.env_factory, self.mesh)
     self.evaluator = Evaluator(tc, family.task_source(spec, "heldout", spec.default_tier),
                                self.info)
     self.state_io = StateIO(self.info, self.mesh, fingerprint_lib.tokenizer_hash(

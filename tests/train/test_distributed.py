@@ -17,14 +17,16 @@ _WORKER = textwrap.dedent("""
     import json, sys
     sys.path.insert(0, sys.argv[4])
     import jax, jax.numpy as jnp, numpy as np
+    from agentic_rl.parallel import mesh as mesh_lib, mesh_config, placement
     from agentic_rl.train import distributed
     info = distributed.initialize(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
-    mesh = distributed.data_mesh()
+    mesh = mesh_lib.build_mesh(mesh_config.MeshSpec())
     rng = np.random.default_rng(0)
     x_all = rng.normal(size=(8, 3)).astype(np.float32)
     y_all = x_all @ np.array([1.0, -2.0, 0.5], np.float32)
     rows = list(distributed.shard_indices(8, info))
-    w = distributed.replicate(mesh, np.zeros(3, np.float32))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    w = placement.place(np.zeros(3, np.float32), replicated)
 
     @jax.jit
     def step(w, x, y):
@@ -32,7 +34,7 @@ _WORKER = textwrap.dedent("""
       return w - 0.1 * grad
 
     for _ in range(5):
-      x, y = distributed.global_batch(mesh, (x_all[rows], y_all[rows]))
+      x, y = placement.place_rows(mesh, (x_all[rows], y_all[rows]), info.process_count)
       w = step(w, x, y)
     local = np.asarray(w.addressable_shards[0].data)
     print(json.dumps({"process": info.process_index, "count": info.process_count,
