@@ -25,8 +25,10 @@ from launch import config_flag
 
 _CONFIG = config_flag.define_config("configs/quickstart.py", "Config file.")
 _MESH = flags.DEFINE_string("mesh", "data=2,fsdp=2,expert=2", "Axis sizes, e.g. data=2,expert=4.")
-_EP_PATH = flags.DEFINE_enum("ep_path", "all_to_all", ["all_to_all", "dropless"],
-                             "The MoE dispatch under the mesh.")
+_EP_PATH = flags.DEFINE_enum("ep_path", "all_to_all",
+                             ["all_to_all", "ragged_all_to_all", "dropless"],
+                             "The MoE dispatch under the mesh (ragged_all_to_all runs its "
+                             "emulation on XLA:CPU).")
 _BATCH = flags.DEFINE_integer("batch", 8, "Sequences (a multiple of the batch shards).")
 _LENGTH = flags.DEFINE_integer("length", 32, "Tokens per sequence.")
 _JSON = flags.DEFINE_bool("json", False, "Print one JSON line.")

@@ -38,7 +38,7 @@ LAYER_KINDS = {
 }
 LAYER_TYPES = tuple(LAYER_KINDS)
 GATE_FUNCTIONS = ("softmax", "sigmoid")
-MOE_DISPATCHES = ("dropless", "all_to_all")
+MOE_DISPATCHES = ("dropless", "all_to_all", "ragged_all_to_all")
 # The S layers' per-head output gate: sigmoid(x W + b) (the project's own); 2 sigmoid(x W + b),
 # exactly 1 at zero weights, so a dense model retrofitted to S layers starts unchanged; none.
 S_GATES = ("sigmoid", "unit_sigmoid", "none")
@@ -70,6 +70,8 @@ class MoESpec:
   # 'dropless': every expert's rows on this device (ragged_dot). 'all_to_all': expert
   # parallel over the context mesh's `expert` axis (jax.set_mesh), capacity_factor times an
   # even share of rows per expert and source shard; overflow is dropped and counted.
+  # 'ragged_all_to_all': expert parallel and dropless (jax.lax.ragged_all_to_all on TPU/GPU;
+  # an emulation of it on XLA:CPU). See parallel/expert_parallel.py.
   dispatch: str = "dropless"
   capacity_factor: float = 1.25
 

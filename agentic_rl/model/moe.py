@@ -65,7 +65,8 @@ def update_routing_bias(bias_e: jax.Array, expert_load_e: jax.Array,
 
 def _routed_swiglu(x_ad: jax.Array, w_gate_edf: jax.Array, w_up_edf: jax.Array,
                    w_down_efd: jax.Array, group_sizes_e: jax.Array) -> jax.Array:
-  """SwiGLU of each row by its expert; rows sorted by expert, group_sizes_e rows each."""
+  """SwiGLU of each row by its expert; rows sorted by expert, group_sizes_e rows each
+  (rows past their sum give 0: ragged_dot's rule, which the ragged EP buffer relies on)."""
   gate_af = jax.lax.ragged_dot(x_ad, w_gate_edf, group_sizes_e)
   up_af = jax.lax.ragged_dot(x_ad, w_up_edf, group_sizes_e)
   return jax.lax.ragged_dot(jax.nn.silu(gate_af) * up_af, w_down_efd, group_sizes_e)
@@ -123,7 +124,11 @@ class MoEFeedForward(nn.Module):
     if m.dispatch == "all_to_all":
       y_btd, overflow = expert_parallel.all_to_all_moe(
           x_btd.astype(dtype), experts_btp, gates_btp, valid_bt, *weights,
-          mesh=_context_mesh(), capacity_factor=m.capacity_factor)
+          mesh=_context_mesh(m.dispatch), capacity_factor=m.capacity_factor)
+    elif m.dispatch == "ragged_all_to_all":
+      y_btd, overflow = expert_parallel.ragged_all_to_all_moe(
+          x_btd.astype(dtype), experts_btp, gates_btp, valid_bt, *weights,
+          mesh=_context_mesh(m.dispatch), expert_fn=_routed_swiglu)
     else:
       y_btd = _dispatch(x_btd.astype(dtype), experts_btp, gates_btp, *weights, num_experts)
     if m.num_shared_experts > 0:
@@ -143,10 +148,10 @@ class MoEFeedForward(nn.Module):
     return y_btd, aux
 
 
-def _context_mesh():
+def _context_mesh(dispatch: str):
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or "expert" not in mesh.axis_names:
-    raise ValueError("config.model.moe.dispatch='all_to_all' runs over a device mesh with an "
+    raise ValueError(f"config.model.moe.dispatch={dispatch!r} runs over a device mesh with an "
                      "'expert' axis: call the model under jax.set_mesh(mesh) (mesh from "
                      "agentic_rl/parallel/mesh.build_mesh).")
   return mesh

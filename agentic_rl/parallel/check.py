@@ -3,7 +3,7 @@
 `compare` runs the learner's path (forward logits, the loss, every gradient) and the
 sampler's (chunked prefill and one-token decode through a KV cache sharded by the rules) on
 one device with the dropless MoE, then over the mesh with params born sharded, the batch and
-caches sharded by the rules, and the MoE dispatch asked for ('all_to_all': expert parallel).
+caches sharded by the rules, and the MoE dispatch asked for ('all_to_all', 'ragged_all_to_all': expert parallel).
 Capacity overflow of the expert-parallel path is reported, not hidden.
 """
 

@@ -1,7 +1,8 @@
 """Expert parallelism with jax.shard_map: tokens go to their experts' shard and come back.
 
-The fixed-capacity path (`all_to_all_moe`), which XLA:CPU runs, so it is the oracle for any
-dropless ragged path on TPU/GPU (jax.lax.ragged_all_to_all has no CPU lowering):
+Two paths, chosen by config.model.moe.dispatch, over the context mesh's `expert` axis.
+
+The fixed-capacity path (`all_to_all_moe`, 'all_to_all'), which XLA:CPU runs, the oracle:
 
   1. On each shard, each of its B*T*P token-expert assignments gets a slot in its expert's
      buffer of C = ceil(capacity_factor * assignments / E) rows, in token order. An
@@ -12,12 +13,28 @@ dropless ragged path on TPU/GPU (jax.lax.ragged_all_to_all has no CPU lowering):
   4. A second all_to_all returns the rows; each assignment reads its row back and the P
      outputs combine by gate, in float32.
 
-With no assignment dropped this is the dropless forward (moe.py), and so are its
-gradients: every op is a gather, a scatter, a matmul or an all_to_all.
+The dropless path (`ragged_all_to_all_moe`, 'ragged_all_to_all') for TPU and GPU:
 
-Axis letters: moe.py's, plus r a buffer row (C of them per expert and source shard), o the
-EP source or owner shard.
+  1. Each shard sorts its valid assignments by expert; the rows for each owner shard are
+     then one contiguous chunk.
+  2. One all_to_all of the per-expert counts tells every owner how many rows each source
+     sends for each of its experts; `jax.lax.ragged_all_to_all` sends exactly those rows.
+  3. The owner sorts what it received by local expert and runs the SwiGLU with ragged_dot.
+  4. A second ragged_all_to_all returns each chunk to its source, which unsorts and
+     combines by gate in float32. Nothing is dropped; the receive buffer holds the worst
+     case (every source's rows at one owner).
+
+XLA:CPU has no ragged_all_to_all, so there the same algorithm runs on
+`emulated_ragged_all_to_all` (the primitive's documented semantics, from all_to_all and
+scatters): the CPU tests hold the whole dropless path against the single-device MoE and
+the capacity path, and a lowering test holds that the real primitive is what TPU/GPU get.
+
+With no assignment dropped either path is the dropless forward (moe.py), and so are its
+gradients: every op is a gather, a scatter, a matmul or a collective.
+
+Axis letters: moe.py's, plus r a buffer row, o the EP source or owner shard.
 """
+
 
 from __future__ import annotations
 
@@ -81,6 +98,15 @@ def all_to_all_moe(x_btd, experts_btp, gates_btp, valid_bt, w_gate_edf, w_up_edf
                    w_down_efd, *, mesh, capacity_factor: float):
   """(y_btd, {"dropped", "assignments"}): the routed experts' output over `mesh`, tokens
   sharded over the batch axes, experts over `expert`. Dropped assignments contribute 0."""
+  return _shard_mapped(functools.partial(_local, capacity_factor=capacity_factor),
+                       x_btd, experts_btp, gates_btp, valid_bt, w_gate_edf, w_up_edf,
+                       w_down_efd, mesh=mesh)
+
+
+def _shard_mapped(local, x_btd, experts_btp, gates_btp, valid_bt, w_gate_edf, w_up_edf,
+                  w_down_efd, *, mesh):
+  """`local(...)` per shard: tokens over the batch axes, experts over `expert`; a batch the
+  shards do not divide gets idle rows."""
   sizes = rules.mesh_sizes(mesh)
   if "expert" not in sizes:
     raise ValueError(f"expert parallelism needs a mesh with an 'expert' axis; got {sizes}.")
@@ -97,12 +123,94 @@ def all_to_all_moe(x_btd, experts_btp, gates_btp, valid_bt, w_gate_edf, w_up_edf
     x_btd, experts_btp, gates_btp, valid_bt = map(grow, (x_btd, experts_btp, gates_btp,
                                                          valid_bt))
   fn = jax.shard_map(
-      functools.partial(_local, ep=ep, capacity_factor=capacity_factor,
-                        axes=batch),
-      mesh=mesh,
+      functools.partial(local, ep=ep, axes=batch), mesh=mesh,
       in_specs=(P(batch), P(batch), P(batch), P(batch), P("expert"), P("expert"),
                 P("expert")),
       out_specs=(P(batch), P()))
   y_btd, counts = fn(x_btd, experts_btp, gates_btp, valid_bt, w_gate_edf, w_up_edf,
                      w_down_efd)
   return y_btd[:b], {"dropped": counts[0], "assignments": counts[1]}
+
+def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
+                               recv_sizes, *, axis_name):
+  """jax.lax.ragged_all_to_all's semantics (one slice per peer) from all_to_all and
+  scatters, for backends without the primitive (XLA:CPU). Each chunk travels padded to
+  the operand's rows, so it moves more bytes than the primitive: an oracle, not a fast path."""
+  n, rest = operand.shape[0], operand.shape[1:]
+  rows_r = jnp.arange(n)
+  take_or = input_offsets[:, None] + rows_r[None]
+  sent_or = rows_r[None] < send_sizes[:, None]
+  chunks = jnp.where(sent_or.reshape(sent_or.shape + (1,) * len(rest)),
+                     operand[jnp.clip(take_or, 0, n - 1)], 0)
+  received = jax.lax.all_to_all(chunks, axis_name, 0, 0, tiled=True)
+  at_o = jax.lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True)
+  dest_or = jnp.where(rows_r[None] < recv_sizes[:, None], at_o[:, None] + rows_r[None],
+                      output.shape[0])  # Past the end: not written.
+  return output.at[dest_or.reshape(-1)].set(received.reshape((-1,) + rest), mode="drop")
+
+
+def _exclusive_cumsum(x):
+  return jnp.cumsum(x) - x
+
+
+def _local_ragged(x_btd, experts_btp, gates_btp, valid_bt, w_gate_edf, w_up_edf, w_down_efd,
+                  *, ep: int, axes: tuple[str, ...], exchange, expert_fn):
+  b, t, p = experts_btp.shape
+  d = x_btd.shape[-1]
+  e_local = w_gate_edf.shape[0]
+  num_experts = e_local * ep
+  a = b * t * p
+  valid_a = jnp.repeat(valid_bt.reshape(b * t), p)
+  key_a = jnp.where(valid_a, experts_btp.reshape(a), num_experts)  # Padding sorts last.
+  order_a = jnp.argsort(key_a, stable=True)
+  x_sorted_ad = x_btd.reshape(b * t, d)[order_a // p]
+  sizes_oe = jnp.bincount(key_a, length=num_experts + 1)[:num_experts].astype(
+      jnp.int32).reshape(ep, e_local)
+  send_o = sizes_oe.sum(axis=1)
+  send_offsets_o = _exclusive_cumsum(send_o)
+  # Rows each source sends me per local expert, and where my chunk lands at each owner:
+  # after the chunks of the sources before me.
+  recv_oe = jax.lax.all_to_all(sizes_oe, "expert", 0, 0, tiled=True)
+  recv_o = recv_oe.sum(axis=1)
+  sends_oo = jax.lax.all_gather(send_o, "expert")  # [source, owner]
+  before_o = jnp.arange(ep) < jax.lax.axis_index("expert")
+  land_offsets_o = jnp.sum(jnp.where(before_o[:, None], sends_oo, 0), axis=0)
+  cap = ep * a  # Dropless: every source's rows could come to one owner.
+  recv_rd = exchange(x_sorted_ad, jnp.zeros((cap, d), x_btd.dtype), send_offsets_o, send_o,
+                     land_offsets_o, recv_o, axis_name="expert")
+  # Received rows run source-major, each source's sorted by expert: regroup by expert.
+  ends = jnp.cumsum(recv_oe.reshape(-1))
+  segment_r = jnp.searchsorted(ends, jnp.arange(cap), side="right")
+  local_r = jnp.where(segment_r < ep * e_local, segment_r % e_local, e_local)
+  order_r = jnp.argsort(local_r, stable=True)
+  y_sorted_rd = expert_fn(recv_rd[order_r], w_gate_edf, w_up_edf, w_down_efd,
+                          recv_oe.sum(axis=0))
+  y_rd = y_sorted_rd[jnp.argsort(order_r)]
+  # Each chunk goes back to where its source sent it from.
+  their_offsets_o = jax.lax.all_to_all(send_offsets_o, "expert", 0, 0, tiled=True)
+  back_ad = exchange(y_rd, jnp.zeros((a, d), x_btd.dtype), _exclusive_cumsum(recv_o), recv_o,
+                     their_offsets_o, send_o, axis_name="expert")
+  y_ad = jnp.where(valid_a[:, None], back_ad[jnp.argsort(order_a)], 0)
+  y_btd = jnp.einsum("btpd,btp->btd", y_ad.reshape(b, t, p, d).astype(jnp.float32),
+                     gates_btp, precision=jax.lax.Precision.HIGHEST).astype(x_btd.dtype)
+  counts = jnp.stack([jnp.int32(0), jnp.sum(valid_a).astype(jnp.int32)])
+  return y_btd, jax.lax.psum(counts, axes)
+
+
+def default_exchange():
+  """The primitive where the backend has it; its emulation on XLA:CPU."""
+  if jax.default_backend() == "cpu":
+    return emulated_ragged_all_to_all
+  return jax.lax.ragged_all_to_all
+
+
+def ragged_all_to_all_moe(x_btd, experts_btp, gates_btp, valid_bt, w_gate_edf, w_up_edf,
+                          w_down_efd, *, mesh, expert_fn, exchange=None):
+  """(y_btd, {"dropped": 0, "assignments"}): the dropless expert-parallel MoE over `mesh`.
+  expert_fn(x_rd, w_gate, w_up, w_down, group_sizes_e): the experts on rows sorted by
+  expert, rows past the groups giving 0 (moe.py's ragged_dot SwiGLU); exchange: the ragged
+  all_to_all (default_exchange())."""
+  return _shard_mapped(
+      functools.partial(_local_ragged, exchange=exchange or default_exchange(),
+                        expert_fn=expert_fn),
+      x_btd, experts_btp, gates_btp, valid_bt, w_gate_edf, w_up_edf, w_down_efd, mesh=mesh)
