@@ -2,6 +2,8 @@
 
 64 layers of "SSSG" (3 gated sliding-window layers per sparse full-attention
 layer), block top-k sparse GQA with B=8 and k=4096 (512 blocks per query group).
+Layers scanned (scan_layers): the two dense-FFN layers' group unrolled, then one SSSG
+group scanned 15 times, so the program does not grow with depth.
 Never initialised on the CPU: tests and model_info build it with jax.eval_shape.
 
     python -m launch.model_info --config configs/full_scale.py --json
@@ -39,5 +41,6 @@ def get_config() -> ml_collections.ConfigDict:
   m.dtype = "bfloat16"
   m.param_dtype = "float32"
   m.cache_dtype = "bfloat16"
+  m.scan_layers = True
   config.model = m
   return config

@@ -12,6 +12,7 @@ import pytest
 
 from agentic_rl.model import cache as cache_lib
 from agentic_rl.model import config as model_config
+from agentic_rl.model import layer_stack
 from agentic_rl.model import sizing
 from agentic_rl.model import transformer
 
@@ -34,8 +35,9 @@ def test_config_parses_and_shapes(name):
   model = transformer.Model(spec)
   shapes = model.param_shapes()
   assert shapes["embed"]["embedding"].shape == (spec.vocab_size, spec.d_model)
+  per_layer = layer_stack.unstacked(shapes)  # Under scan_layers, each layer's slice.
   for i, layer_type in enumerate(spec.layer_types):
-    layer = shapes[f"layer_{i}"]
+    layer = per_layer[f"layer_{i}"]
     assert layer["attn"]["w_q_dnh"].shape == (spec.d_model, spec.num_heads, spec.head_dim)
     assert layer["attn"]["w_k_dkh"].shape == (spec.d_model, spec.num_kv_heads, spec.head_dim)
     assert ("w_gate_dn" in layer["attn"]) == (layer_type == "S")
@@ -60,6 +62,7 @@ def test_config_parses_and_shapes(name):
 def test_full_scale_is_the_reference_architecture():
   spec = model_config.validate(_load("full_scale").model)
   assert spec.num_layers >= 60
+  assert spec.layer_scan == model_config.LayerScan(unrolled=4, period=4, repeats=15)
   assert spec.max_seq_len >= 1 << 20
   assert (spec.block_size, spec.topk_tokens, spec.num_selected_blocks) == (8, 4096, 512)
   assert "".join(spec.layer_types[:4]) == "SSSG"

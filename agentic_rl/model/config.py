@@ -10,6 +10,7 @@ hashable: safe as a jit static argument.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import ml_collections
 
@@ -48,6 +49,48 @@ KERNEL_BACKENDS = ("reference", "pallas")
 # What the backward recomputes (jax.checkpoint per layer): nothing; everything but each
 # layer's input; everything but the matmul outputs (jax's dots_with_no_batch_dims_saveable).
 REMAT_POLICIES = ("none", "full", "save_dots")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerScan:
+  """How config.model.scan_layers lays the stack out: the first `unrolled` layers as
+  themselves (`layer_0` ..), then `repeats` groups of `period` layers under one `nn.scan`
+  (`layers/slot_j`, each param with a leading axis of `repeats`). Layer
+  `unrolled + r * period + j` is slot j of repeat r; every repeat of a slot has one kind."""
+  unrolled: int
+  period: int
+  repeats: int
+
+  def layer(self, slot: int, repeat: int) -> int:
+    return self.unrolled + repeat * self.period + slot
+
+  def place(self, layer: int) -> tuple[int, int] | None:
+    """(slot, repeat) of a scanned layer; None for an unrolled one."""
+    if layer < self.unrolled:
+      return None
+    repeat, slot = divmod(layer - self.unrolled, self.period)
+    return slot, repeat
+
+
+@functools.lru_cache(maxsize=64)
+def plan_layer_scan(kinds: tuple) -> LayerScan | None:
+  """The layout that compiles the fewest layers (unrolled ones plus one group), fewer
+  unrolled first on a tie: a group of P layers repeating at least twice to the end of the
+  stack after the unrolled ones, each layer of the kind of its slot. None if none exists
+  (only a scan of one repeat, which bounds nothing)."""
+  best = None
+  n = len(kinds)
+  for unrolled in range(n):
+    if best is not None and unrolled + 1 >= best.unrolled + best.period:
+      break
+    rest = kinds[unrolled:]
+    for period in range(1, len(rest) // 2 + 1):
+      if best is not None and unrolled + period >= best.unrolled + best.period:
+        break
+      if len(rest) % period == 0 and all(k == rest[i % period] for i, k in enumerate(rest)):
+        best = LayerScan(unrolled, period, len(rest) // period)
+        break
+  return best
 
 
 def _positive_int(field: str, value) -> None:
@@ -162,6 +205,10 @@ class ModelSpec:
   cache_dtype: str = "float32"  # bfloat16 makes a cheaper (route B) sampler cache.
   kernel_backend: str = "reference"  # "pallas" on TPU/GPU, or in interpret mode on CPU.
   remat: str = "none"  # Per-layer rematerialisation in the backward: REMAT_POLICIES.
+  # One nn.scan over the repeating group of layers (`layer_scan`), so compile time stays
+  # bounded in num_layers. Params sit under `layers/slot_j` with a leading repeat axis;
+  # files on disk keep the unrolled layout (model/layer_stack.py converts).
+  scan_layers: bool = False
   pallas_interpret: bool = False
 
   def __post_init__(self):
@@ -189,11 +236,29 @@ class ModelSpec:
     one_of(self.kernel_backend, "kernel_backend", KERNEL_BACKENDS)
     one_of(self.remat, "remat", REMAT_POLICIES)
     expand_pattern(self.layer_pattern, self.num_layers)  # Bad letters fail here, not later.
+    if self.scan_layers:
+      kinds = ", ".join(f"{t}{'/moe' if m else ''}" for t, m in self.layer_kinds)
+      check(self.layer_scan is not None, "scan_layers", self.scan_layers,
+            "layers whose kinds (attention letter, MoE or dense FFN) repeat: a group of "
+            "layers at least twice to the end of the stack, after any unrolled leading "
+            f"layers. Layers 0..{self.num_layers - 1} are {kinds}; make the MoE layers "
+            "regular (num_dense_layers, dense_layers, moe_layer_step) or set "
+            "scan_layers=False")
 
   @property
   def layer_types(self) -> tuple[str, ...]:
     """One letter per layer: layer_pattern repeated (and truncated) to num_layers."""
     return expand_pattern(self.layer_pattern, self.num_layers)
+
+  @property
+  def layer_kinds(self) -> tuple[tuple[str, bool], ...]:
+    """(letter, is MoE) per layer: two layers of one kind have the same params tree."""
+    return tuple((t, self.is_moe_layer(i)) for i, t in enumerate(self.layer_types))
+
+  @property
+  def layer_scan(self) -> LayerScan | None:
+    """The scanned layout under scan_layers (`plan_layer_scan`); None without it."""
+    return plan_layer_scan(self.layer_kinds) if self.scan_layers else None
 
   @property
   def num_selected_blocks(self) -> int:
@@ -219,7 +284,8 @@ class ModelSpec:
     init. The value head (route A's critic, which a policy base has none of), and the S
     layers' gates under s_gate='unit_sigmoid' (zero weights give a gate of exactly 1): a
     dense base, such as an imported Hugging Face model, lacks them, and the retrofitted
-    hybrid starts as a pass-through."""
+    hybrid starts as a pass-through. Names are in the unrolled layout params files keep
+    (`layer_{i}/...`) whatever scan_layers says."""
     gates = () if self.s_gate != "unit_sigmoid" else tuple(
         f"layer_{i}/attn/{name}" for i, kind in enumerate(self.layer_types)
         if kind == "S" for name in ("w_gate_dn", "b_gate_n"))

@@ -22,6 +22,17 @@ layers (P = num_experts_per_token) and "blocks" [B, K, T, J] for sparse layers
 (K kv heads, J = num_selected_blocks). Passed back as `replay`
 (the same tuple, any subset of entries), they force the same routing and
 block selection.
+
+config.model.scan_layers runs the repeating group of layers (`ModelSpec.layer_scan`) as
+one `nn.scan` over params stacked per slot (model/layer_stack.py), remat inside the scanned
+body, so the traced program does not grow with num_layers. Inputs and outputs keep their
+per-layer form: replay and aux["layers"] are tuples of L dicts (stacked per slot into the
+scan and back), and the cache a tuple of L entries. Cached calls (prefill, decode) run the
+scanned layers unrolled over slices of the stacked params rather than stack the cache per
+call: their program grows with num_layers as without the scan, and XLA may copy each
+layer's slice (a sampler that minds can hold `unstack_layers` params under a spec without
+scan_layers: the same model). Under scan_layers a replay gives every layer of a slot the
+same entries.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_rl.model import cache as cache_lib
+from agentic_rl.model import layer_stack
 from agentic_rl.model import moe as moe_lib
 from agentic_rl.model.attention import Attention
 from agentic_rl.model.config import ModelSpec
@@ -163,14 +175,54 @@ class Block(nn.Module):
     return x_btd + ffn_out, new_cache, aux, moe_loss
 
 
-def _remat(block_cls, policy: str):
+def _remat(block_cls, policy: str, *, scanned: bool = False):
   """The layer as config.model.remat asks: recomputed in the backward from its input
-  ('full'), or from its input and matmul outputs ('save_dots'); the forward is unchanged."""
+  ('full'), or from its input and matmul outputs ('save_dots'); the forward is unchanged.
+  Inside a scan the loop already keeps XLA from merging the recomputation into the
+  forward, so CSE prevention (which costs fusions) is off there, as jax.checkpoint advises."""
   if policy == "none":
     return block_cls
   policies = {"full": None,
               "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
-  return nn.remat(block_cls, policy=policies[policy], prevent_cse=True)
+  return nn.remat(block_cls, policy=policies[policy], prevent_cse=not scanned)
+
+
+class LayerGroup(nn.Module):
+  """One repeat of the scanned group (config.model.scan_layers): a Block per slot, named
+  `slot_{j}`. The body of the nn.scan; `carry` is (x_btd, the MoE loss so far), summed in
+  layer order as the unrolled stack sums it."""
+  spec: ModelSpec
+
+  @nn.compact
+  def __call__(self, carry, positions_bt, replay_slots):
+    x_btd, moe_loss = carry
+    scan = self.spec.layer_scan
+    block_cls = _remat(Block, self.spec.remat, scanned=True)
+    slot_aux = []
+    for j in range(scan.period):
+      # Every repeat of slot j has the kind of its first layer: that index picks the kind.
+      block = block_cls(self.spec, scan.layer(j, 0), name=layer_stack.slot_name(j))
+      x_btd, _, aux, loss = block(x_btd, positions_bt, None, None, replay_slots[j])
+      moe_loss = moe_loss + loss
+      slot_aux.append(aux)
+    return (x_btd, moe_loss), tuple(slot_aux)
+
+
+def _replay_by_slot(replay, scan) -> tuple[dict, ...]:
+  """Per slot, each replay entry stacked over the repeats: the scan's xs."""
+  out = []
+  for j in range(scan.period):
+    layers = [scan.layer(j, r) for r in range(scan.repeats)]
+    entries = [(replay[i] or {}) if replay is not None else {} for i in layers]
+    keys = set(entries[0])
+    for i, entry in zip(layers, entries):
+      if set(entry) != keys:
+        raise ValueError(
+            f"replay gives layer {layers[0]} {sorted(keys)} but layer {i} {sorted(entry)}: "
+            "under config.model.scan_layers the layers of one scanned slot are replayed "
+            "together, so they take the same entries.")
+    out.append({k: jnp.stack([e[k] for e in entries]) for k in sorted(keys)})
+  return tuple(out)
 
 
 class Transformer(nn.Module):
@@ -195,16 +247,39 @@ class Transformer(nn.Module):
     lengths_b = None
     if cache is not None:
       lengths_b = cache_lib.new_lengths(cache["lengths"], positions_bt)
-    new_layer_caches, layer_aux = [], []
+    num_layers = spec.num_layers
+    new_layer_caches, layer_aux = [None] * num_layers, [None] * num_layers
     moe_loss = jnp.float32(0.0)
+    scan = spec.layer_scan
+    unrolled = num_layers if scan is None else scan.unrolled
     block_cls = _remat(Block, spec.remat)
-    for i in range(spec.num_layers):
-      x_btd, layer_cache, aux, loss = block_cls(spec, i, name=f"layer_{i}")(
-          x_btd, positions_bt, None if cache is None else cache["layers"][i], lengths_b,
-          None if replay is None else replay[i])
-      new_layer_caches.append(layer_cache)
-      layer_aux.append(aux)
+
+    def layer_inputs(i):
+      return (None if cache is None else cache["layers"][i], lengths_b,
+              None if replay is None else replay[i])
+
+    for i in range(unrolled):
+      x_btd, new_layer_caches[i], layer_aux[i], loss = block_cls(
+          spec, i, name=layer_stack.layer_name(i))(x_btd, positions_bt, *layer_inputs(i))
       moe_loss = moe_loss + loss
+    if scan is not None and cache is None:
+      group = nn.scan(LayerGroup, variable_axes={"params": 0}, split_rngs={"params": True},
+                      in_axes=(nn.broadcast, 0), length=scan.repeats)
+      (x_btd, moe_loss), slot_aux = group(spec, name=layer_stack.STACK)(
+          (x_btd, moe_loss), positions_bt, _replay_by_slot(replay, scan))
+      for j, aux in enumerate(slot_aux):  # [R, ...] per entry -> one dict per layer.
+        for r in range(scan.repeats):
+          layer_aux[scan.layer(j, r)] = {k: v[r] for k, v in aux.items()}
+    elif scan is not None:
+      # Cached calls run the scanned layers unrolled, each on its slice of the stacked
+      # params: the cache stays a tuple of per-layer entries, never stacked (copied) per call.
+      stacked = self.variables["params"][layer_stack.STACK]
+      for i in range(unrolled, num_layers):
+        slot, repeat = scan.place(i)
+        layer_params = jax.tree.map(lambda w: w[repeat], stacked[layer_stack.slot_name(slot)])
+        x_btd, new_layer_caches[i], layer_aux[i], loss = Block(spec, i, parent=None).apply(
+            {"params": layer_params}, x_btd, positions_bt, *layer_inputs(i))
+        moe_loss = moe_loss + loss
     x_btd = nn.RMSNorm(epsilon=spec.norm_eps, dtype=spec.dtype, param_dtype=spec.param_dtype,
                        name="final_norm")(x_btd)
     if spec.tie_embeddings:
@@ -292,15 +367,35 @@ def concat_replay_over_time(replays: list[Replay]) -> Replay:
 def update_routing_biases(params: dict, aux: dict, rate: float) -> dict:
   """Aux-loss-free balancing: nudges each MoE layer's routing bias toward even load.
 
-  Applied by the learner outside the gradient, after each update.
+  Applied by the learner outside the gradient, after each update. `params` in either
+  layout (config.model.scan_layers): a scanned slot's [R, E] biases take their R layers'
+  loads in one update, and nothing else in the tree is touched.
   """
   params = dict(params)
-  for i, layer_aux in enumerate(aux["layers"]):
-    name = f"layer_{i}"
+  scan = layer_stack.scan_of(params)
+  loads = {i: layer["expert_load"] for i, layer in enumerate(aux["layers"])
+           if "expert_load" in layer}
+  unrolled = len(aux["layers"]) if scan is None else scan.unrolled
+  for i in range(unrolled):
+    name = layer_stack.layer_name(i)
     moe_params = params.get(name, {}).get("moe", {})
-    if "expert_load" not in layer_aux or "routing_bias_e" not in moe_params:
+    if i not in loads or "routing_bias_e" not in moe_params:
       continue
     new_moe = dict(moe_params, routing_bias_e=moe_lib.update_routing_bias(
-        moe_params["routing_bias_e"], layer_aux["expert_load"], rate))
+        moe_params["routing_bias_e"], loads[i], rate))
     params[name] = dict(params[name], moe=new_moe)
+  if scan is None:
+    return params
+  slots = dict(params[layer_stack.STACK])
+  for j in range(scan.period):
+    name = layer_stack.slot_name(j)
+    moe_params = slots[name].get("moe", {})
+    layers = [scan.layer(j, r) for r in range(scan.repeats)]
+    if "routing_bias_e" not in moe_params or any(i not in loads for i in layers):
+      continue
+    load_re = jnp.stack([loads[i] for i in layers])
+    bias_re = jax.vmap(moe_lib.update_routing_bias, in_axes=(0, 0, None))(
+        moe_params["routing_bias_e"], load_re, rate)
+    slots[name] = dict(slots[name], moe=dict(moe_params, routing_bias_e=bias_re))
+  params[layer_stack.STACK] = slots
   return params

@@ -7,7 +7,8 @@ style: gathered per layer when used), heads, FFN hidden and vocab over tensor, e
 expert (and d_model of every other param over expert too). Activations, batches and KV
 caches shard the batch over data, fsdp and expert, heads over tensor. A dimension that its mesh axes do not divide, or whose axis a previous dimension
 of the same array took, stays whole (replicated): a kv-head count below the tensor axis,
-for example.
+for example. Under config.model.scan_layers a scanned group's params lead with r, the
+axis of the group's repeats, which no rule names: never sharded (the scan slices it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
+
+from agentic_rl.model import layer_stack
 
 # The expert axis doubles as FSDP for everything but the experts (whose own axis it is),
 # and carries batch rows: tokens travel to their experts' shard and back.
@@ -34,8 +37,22 @@ _NAMED_PARAMS = {("embed", "embedding"): "vd", ("unembed", "kernel"): "dv",
                  ("value_head", "kernel"): "d_", ("value_head", "bias"): "_"}
 
 
+def _slot_start(path: tuple[str, ...]) -> int | None:
+  """Under config.model.scan_layers, where a scanned group's param (`layers/slot_{j}/...`)
+  starts in `path`; None for any other."""
+  for i, (a, b) in enumerate(zip(path, path[1:])):
+    if a == layer_stack.STACK and b.startswith("slot_"):
+      return i
+  return None
+
+
 def param_letters(path: tuple[str, ...], ndim: int) -> str:
-  """One letter per axis of the param at `path` ('_' for an axis no rule shards)."""
+  """One letter per axis of the param at `path` ('_' for an axis no rule shards). A
+  scanned group's param leads with r, the axis of its layers' repeats: no rule shards it,
+  so each device holds every layer's slice of what it holds of one."""
+  start = _slot_start(path)
+  if start is not None:
+    return "r" + param_letters(path[start + 2:], ndim - 1)
   name = path[-1]
   if tuple(path[-2:]) in _NAMED_PARAMS:
     return _NAMED_PARAMS[tuple(path[-2:])]
@@ -79,7 +96,8 @@ def param_specs(tree, sizes: dict[str, int]):
     try:
       letters = param_letters(keys, len(shape))
     except ValueError:
-      if any(k.startswith("layer_") or k in ("embed", "unembed") for k in keys):
+      if any(k.startswith("layer_") or k in ("embed", "unembed", layer_stack.STACK)
+             for k in keys):
         raise
       return P()
     return spec_for(letters, shape, sizes, PARAM_RULES)

@@ -2,7 +2,8 @@
 
 Params load into any model of the same shapes, but a run resumed (or started from another
 run's params) under a different layer pattern, block size, window, cache dtype, kernel
-backend or tokenizer samples a different policy than the one that produced them, silently.
+backend or tokenizer samples a different policy than the one that produced them, silently;
+a checkpoint resumed under the other scan_layers holds another param tree (stacked or not).
 Every checkpoint records this fingerprint; a shipped base's config.json implies it. A load
 whose fingerprint differs fails and names the fields, unless
 `config.train.allow_fingerprint_change` lists each of them (a deliberate change, e.g. route
@@ -21,7 +22,12 @@ from agentic_rl.model.config import expand_pattern
 from agentic_rl.train.params_file import file_sha256
 
 FIELDS = ("layer_pattern", "block_size", "sliding_window", "cache_dtype", "kernel_backend",
-          "tokenizer")
+          "scan_layers", "tokenizer")
+# What a fingerprint saved before a field existed means by its absence.
+_BEFORE = {"scan_layers": False}
+# Fields a params file does not fix: it holds the unrolled layout whatever the run that
+# wrote it scanned (params_file.py), so it loads into any. Its fingerprint says None.
+_FILE_FREE = ("scan_layers",)
 
 
 def tokenizer_hash(tokenizer_config: Mapping[str, Any]) -> str:
@@ -55,6 +61,7 @@ def model_layout(model_config: Mapping[str, Any]) -> dict:
       "sliding_window": int(model_config["sliding_window"]),
       "cache_dtype": str(model_config["cache_dtype"]),
       "kernel_backend": str(model_config["kernel_backend"]),
+      "scan_layers": bool(model_config.get("scan_layers", _BEFORE["scan_layers"])),
   }
 
 
@@ -64,12 +71,14 @@ def fingerprint(model_config: Mapping[str, Any], tokenizer_config: Mapping[str, 
 
 
 def of_config_json(path: str) -> dict | None:
-  """The fingerprint a shipped base's config.json implies, or None without one."""
+  """The fingerprint a shipped base's config.json implies, or None without one; the
+  fields the params file beside it does not fix (`_FILE_FREE`) are None."""
   if not os.path.isfile(path):
     return None
   with open(path) as f:
     config = json.load(f)
-  return fingerprint(config["model"], config["tokenizer"])
+  return {**fingerprint(config["model"], config["tokenizer"]),
+          **{f: None for f in _FILE_FREE}}
 
 
 def check(saved: Mapping[str, Any] | None, current: Mapping[str, Any],
@@ -77,16 +86,21 @@ def check(saved: Mapping[str, Any] | None, current: Mapping[str, Any],
   """The fields that differ and are allowed to; raises ValueError naming the others.
 
   A checkpoint without a fingerprint (saved = None, written before there were any) has
-  nothing to compare: it loads, and the caller says so.
+  nothing to compare: it loads, and the caller says so. A field saved as None is one the
+  source does not fix (a params file's scan_layers); one it lacks has its value from before
+  the field existed.
   """
   if saved is None:
     return []
-  differ = [f for f in FIELDS if saved.get(f) != current.get(f)]
+  saved = {f: saved.get(f, _BEFORE.get(f)) for f in FIELDS}
+  differ = [f for f in FIELDS if saved[f] != current.get(f)
+            and not (f in _FILE_FREE and saved[f] is None)]
   refused = [f for f in differ if f not in allowed]
   if refused:
     rows = "; ".join(f"{f}: saved {saved.get(f)!r}, now {current.get(f)!r}" for f in refused)
     raise ValueError(
         f"{source} was trained under a different layout ({rows}). Loading it would sample a "
-        "different policy than the one that produced it. If the change is deliberate, list "
+        "different policy than the one that produced it (or, for scan_layers, restore "
+        "another param tree). If the change is deliberate, list "
         f"the fields in config.train.allow_fingerprint_change (e.g. {tuple(refused)!r}).")
   return differ

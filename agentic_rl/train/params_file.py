@@ -4,6 +4,9 @@ A run's orbax checkpoint carries optimiser state, the data iterator and the step
 model needs only its weights. Names are the params tree's key paths joined by "/"
 (`layer_0/attn/w_q_dnh`), so the file reads in any safetensors tool. Loading checks
 every name, shape and dtype against the model the config builds and says what differs.
+The file holds the unrolled layout whatever config.model.scan_layers says: saving a
+scanned tree unstacks it, loading into one stacks (model/layer_stack.py), so a file loads
+into either.
 Files written before the attention params took one letter per axis hold the old names
 (`LEGACY_PARAM_NAMES`); loading reads them under the new ones.
 """
@@ -19,6 +22,8 @@ from typing import Any
 import jax
 import numpy as np
 from safetensors.numpy import load_file, save_file
+
+from agentic_rl.model import layer_stack
 
 PARAMS_FILE = "params.safetensors"
 
@@ -81,8 +86,10 @@ def rename_keys(tree, mapping: dict[str, str | None]):
 
 
 def flatten(params) -> dict[str, np.ndarray]:
+  """Name -> host array, in the unrolled layout (a scanned tree is unstacked)."""
+  params = layer_stack.unstacked(jax.device_get(params))
   return {_name(path): np.ascontiguousarray(np.asarray(leaf))
-          for path, leaf in jax.tree_util.tree_leaves_with_path(jax.device_get(params))}
+          for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
 
 
 def save_params(path: str, params, metadata: dict | None = None) -> str:
@@ -114,10 +121,12 @@ def params_path(path: str) -> str | None:
 
 def load_params(path: str, like: Any, source: str = "params file", *,
                 fresh_prefixes: tuple[str, ...] = ()):
-  """The params saved at `path`, in the structure, shapes and dtypes of `like`.
+  """The params saved at `path`, in the structure, shapes and dtypes of `like` (stacked
+  when `like` is scanned: the file's unrolled layers go to their slots).
 
-  Names under `fresh_prefixes` (e.g. a value head the base never had) may be absent from the
-  file: they keep `like`'s values, which must then be real arrays.
+  Names under `fresh_prefixes` (e.g. a value head the base never had; unrolled names, as
+  in the file) may be absent from the file: they keep `like`'s values, which must then be
+  real arrays.
   """
   file = params_path(path)
   if file is None:
@@ -142,9 +151,11 @@ def load_params(path: str, like: Any, source: str = "params file", *,
         ([f"mismatched {len(wrong)}: {wrong[:8]}"] if wrong else [])
     raise ValueError(f"{source}={path!r}: {file} does not fit the model this config "
                      f"builds ({'; '.join(lines)}).")
-  leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(like)
-  return jax.tree_util.tree_unflatten(
-      treedef, [arrays[_name(p)] for p, _ in leaves_with_path])
+  scan = layer_stack.scan_of(like)
+  leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(
+      layer_stack.unstack(like, scan))
+  return layer_stack.stack(jax.tree_util.tree_unflatten(
+      treedef, [arrays[_name(p)] for p, _ in leaves_with_path]), scan)
 
 
 def read_metadata(path: str) -> dict:

@@ -250,3 +250,39 @@ def test_export_keeps_the_checkpoints_context_length(saved, tmp_path):
   cfg = json.load(open(os.path.join(out, "config.json")))
   assert cfg["max_position_embeddings"] == base["max_position_embeddings"]
   assert cfg["dtype"] == cfg["torch_dtype"] == "float32"
+
+
+def test_a_scanned_model_reads_and_writes_the_same_folders(saved, tmp_path):
+  """Under config.model.scan_layers the import loads stacked (Qwen3-MoE's dense layer 0
+  unrolled, its three MoE layers one scanned group), computes transformers' logits, and
+  exports the tensors it was imported from."""
+  import jax
+  from agentic_rl.interop import hf_params
+  from agentic_rl.interop.hf_source import TensorSource
+  from agentic_rl.model.transformer import Model
+  folder, hf_model = saved["qwen3_moe"]
+  imported = hf_import.import_checkpoint(folder, str(tmp_path / "imported"))
+  with open(os.path.join(imported, "config.json")) as f:
+    spec = validate(json.load(f)["model"]).replace(scan_layers=True)
+  assert spec.layer_scan.unrolled == 1 and spec.layer_scan.repeats == 3
+  like = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), Model(spec).param_shapes())
+  params = params_file.load_params(imported, like)
+  assert "layer_0" in params and "layer_1" not in params
+  in_memory = hf_params.load(spec, TensorSource.from_dir(folder))
+  assert jax.tree.structure(in_memory) == jax.tree.structure(params)
+  for a, b in zip(jax.tree.leaves(in_memory), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(a, b)
+
+  tokens = np.random.default_rng(0).integers(0, spec.vocab_size, (2, 12), dtype=np.int32)
+  positions = np.broadcast_to(np.arange(12, dtype=np.int32), tokens.shape)
+  ours, _, _ = jax.jit(Model(spec).forward)(params, tokens, positions)
+  assert np.abs(np.asarray(ours) - model_fixture.logits(hf_model, tokens)).max() < 1e-4
+
+  flat = params_file.flatten(params)  # The unrolled names the layout rules use.
+  out = hf_export.export_params({k: v.dtype for k, v in flat.items()}, flat.__getitem__,
+                                spec, str(tmp_path / "exported"),
+                                hf_config_base=hf_import.read_hf_config(folder))
+  before, after = _hf_tensors(folder), _hf_tensors(out)
+  assert sorted(before) == sorted(after)
+  for name, value in before.items():
+    np.testing.assert_array_equal(after[name], value, err_msg=name)

@@ -61,7 +61,7 @@ def draw_like(shapes, seed: int):
       elif name in _FAN_IN_FIRST_AXIS:
         fan_in = shape[0]
       else:
-        fan_in = shape[-2]
+        fan_in = shape[-2] if len(shape) > 1 else 1  # A bias (value head): unit std.
       w = rng.standard_normal(shape) / np.sqrt(fan_in)
     return jnp.asarray(w, leaf.dtype)
 

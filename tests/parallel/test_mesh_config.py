@@ -54,6 +54,12 @@ def test_every_param_of_the_full_scale_model_gets_a_spec():
   specs = rules.param_specs(shapes, sizes)
   flat = jax.tree_util.tree_leaves_with_path(specs, is_leaf=lambda x: isinstance(x, rules.P))
   assert len(flat) == len(jax.tree.leaves(shapes))
-  routed = [s for path, s in flat if path[-1].key == "w_gate_edf"]
-  assert len(routed) == spec.num_layers - spec.num_dense_layers
-  assert all(s == rules.P("expert", "fsdp", "tensor") for s in routed)
+  routed = {jax.tree_util.keystr(path): s for path, s in flat if path[-1].key == "w_gate_edf"}
+  # scan_layers: a scanned slot's routed experts stand for its 15 layers, r never sharded.
+  stacked = [s for key, s in routed.items() if key.startswith("['layers']")]
+  unrolled = [s for key, s in routed.items() if not key.startswith("['layers']")]
+  assert spec.layer_scan.repeats == 15 and len(stacked) == spec.layer_scan.period
+  assert (len(unrolled) + len(stacked) * spec.layer_scan.repeats
+          == spec.num_layers - spec.num_dense_layers)
+  assert all(s == rules.P(None, "expert", "fsdp", "tensor") for s in stacked)
+  assert all(s == rules.P("expert", "fsdp", "tensor") for s in unrolled)

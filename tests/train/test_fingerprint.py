@@ -17,9 +17,28 @@ BASE = resources.resolve(quickstart.BASE)
 
 def test_the_shipped_base_matches_the_quickstart_layout():
   config = quickstart.get_config()
-  assert fp.of_config_json(os.path.join(BASE, "config.json")) == fp.fingerprint(
-      config.model, config.tokenizer)
+  # A params file fixes no scan layout (it holds the unrolled one): its scan_layers is None.
+  assert fp.of_config_json(os.path.join(BASE, "config.json")) == {
+      **fp.fingerprint(config.model, config.tokenizer), "scan_layers": None}
   assert fp.fingerprint(config.model, config.tokenizer)["layer_pattern"] == "SSSG"
+
+
+def test_scan_layers_is_checked_for_checkpoints_but_not_for_params_files():
+  config = quickstart.get_config()
+  unrolled = fp.fingerprint(config.model, config.tokenizer)
+  config.model.scan_layers = True
+  scanned = fp.fingerprint(config.model, config.tokenizer)
+  assert unrolled["scan_layers"] is False and scanned["scan_layers"] is True
+  with pytest.raises(ValueError, match=r"scan_layers: saved False, now True"):
+    fp.check(unrolled, scanned, (), "RUN")
+  # A checkpoint saved before the field existed was unrolled.
+  before = {k: v for k, v in unrolled.items() if k != "scan_layers"}
+  assert fp.check(before, unrolled, (), "RUN") == []
+  with pytest.raises(ValueError, match=r"scan_layers: saved False, now True"):
+    fp.check(before, scanned, (), "RUN")
+  # A params file loads into either layout.
+  file = fp.of_config_json(os.path.join(BASE, "config.json"))
+  assert fp.check(file, scanned, (), "BASE") == fp.check(file, unrolled, (), "BASE") == []
 
 
 def test_check_names_each_differing_field_and_honours_the_override():

@@ -4,6 +4,8 @@ Qwen3, Qwen3-MoE and Llama 3 name their tensors the same way; what differs (q/k 
 biases, MoE layers, a tied head) follows from the ModelSpec, so one function lists every
 param's rule. Params with no Hugging Face counterpart (our S gates, the value head, a
 routing bias) are listed by `fresh_params`: an import leaves them at their initial values.
+Our names are those of the unrolled layout (`layer_{i}/...`), which params files hold
+whatever config.model.scan_layers says (model/layer_stack.py converts).
 """
 
 from __future__ import annotations
