@@ -113,6 +113,10 @@ def compare(mesh_flag: str) -> dict:
           "step_params_change": max_diff(state.params, stepped.params),
           "step_loss_abs_diff": abs(float(one[3]["loss"]) - float(metrics["loss"])),
           "overflow_frac": float(metrics["moe/overflow_frac"]),
+          # Sampler = learner on the mesh: the learner's first scoring of the batch against
+          # the engine's log-probs, both sharded (the step's mismatch metrics).
+          "mismatch_k3": float(metrics["mismatch/k3"]),
+          "one_device_mismatch_k3": float(one[3]["mismatch/k3"]),
           "sampler_overflow": [route.engine.stats.dropped_assignments,
                                route.engine.stats.routed_assignments],
           "stepped_off_rules": off_rules(stepped, mesh),
