@@ -42,8 +42,13 @@ def place(tree, shardings):
   def one(x, sharding):
     if _is_placed(x, sharding):
       return x
-    if isinstance(x, jax.Array) or jax.process_count() == 1:
+    if jax.process_count() == 1:
       return jax.device_put(x, sharding)
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:  # Global: reshard on device.
+      return jax.jit(lambda y: y, out_shardings=sharding)(x)
+    # A host value, or a process-local array (the same on every process): cut into shards.
+    # (device_put of a local array onto a sharding that spans processes builds an array
+    # whose per-device buffers are not single shards, which orbax cannot save.)
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
   return jax.tree.map(one, tree, shardings)
