@@ -131,9 +131,12 @@ def test_optimiser_moments_stack_with_their_params():
 
 # --- Scan equals unrolled --------------------------------------------------------------
 
-@pytest.mark.parametrize("name,remat", [("sssg_moe", "none"), ("sssg_moe", "full"),
-                                        ("dense_f", "none"), ("moe_step_2", "none"),
-                                        ("dense_head", "none")])
+@pytest.mark.parametrize("name,remat", [
+    ("sssg_moe", "none"), ("dense_f", "none"),
+    # Each compiles two models' gradients for 10-30 s: the slow suite holds the rest.
+    pytest.param("sssg_moe", "full", marks=pytest.mark.slow),
+    pytest.param("moe_step_2", "none", marks=pytest.mark.slow),
+    pytest.param("dense_head", "none", marks=pytest.mark.slow)])
 def test_scan_equals_unrolled_in_values_replay_and_gradients(name, remat):
   spec = SPECS[name]
   params = unrolled_params(name)
