@@ -71,6 +71,12 @@ def apply_mask_to_logits(logits_v: jax.Array, mask: jax.Array) -> jax.Array:
   return jnp.where(mask, logits_v, -jnp.inf)
 
 
+def truncates(vocab_size: int, top_k: int = 0, top_p: float = 1.0) -> bool:
+  """Whether top-k / top-p drop any token of a `vocab_size` vocabulary (a static choice:
+  when not, the mask is all True and need not be computed)."""
+  return 0 < top_k < vocab_size or top_p < 1.0
+
+
 def sampling_mask_from_logits(logits_v: jax.Array, *, top_k: int = 0,
                               top_p: float = 1.0) -> jax.Array:
   """bool [..., V]: the tokens a top-k then top-p sampler may draw.
@@ -79,25 +85,27 @@ def sampling_mask_from_logits(logits_v: jax.Array, *, top_k: int = 0,
   top_p=1.0 keeps every token. Top-p keeps the smallest prefix of the sorted
   distribution (after top-k) whose mass reaches top_p, and always the best
   token. Ties at the cut are broken by vocabulary order (lower id first).
+
+  Work done: none when nothing is truncated; `lax.top_k` (k best, ties lower id first)
+  with top-k; one stable sort for top-p alone. The kept ranks go back to vocabulary order
+  by one scatter.
   """
   vocab_size = logits_v.shape[-1]
   if not 0 <= top_k <= vocab_size:
     raise ValueError(f"top_k={top_k}: expected 0 (off) or up to vocab_size={vocab_size}.")
   if not 0.0 < top_p <= 1.0:
     raise ValueError(f"top_p={top_p}: expected a number in (0, 1].")
-  # Stable descending order: rank r holds the r-th best token.
-  order_v = jnp.argsort(-logits_v, axis=-1, stable=True)
-  sorted_v = jnp.take_along_axis(logits_v, order_v, axis=-1)
-  rank_v = jnp.arange(vocab_size)
-  keep_sorted = jnp.ones(logits_v.shape, jnp.bool_)
-  if top_k:
-    keep_sorted = rank_v < top_k
-    sorted_v = jnp.where(keep_sorted, sorted_v, -jnp.inf)
+  if not truncates(vocab_size, top_k, top_p):
+    return jnp.ones(logits_v.shape, jnp.bool_)
+  if 0 < top_k < vocab_size:
+    sorted_r, order_r = jax.lax.top_k(logits_v, top_k)
+  else:  # Top-p over the whole vocabulary: one stable descending sort.
+    order_r = jnp.argsort(-logits_v, axis=-1, stable=True)
+    sorted_r = jnp.take_along_axis(logits_v, order_r, axis=-1)
+  keep_r = jnp.ones(sorted_r.shape, jnp.bool_)
   if top_p < 1.0:
-    probs_v = jax.nn.softmax(sorted_v, axis=-1)
-    mass_before_v = jnp.cumsum(probs_v, axis=-1) - probs_v
-    keep_sorted = keep_sorted & ((mass_before_v < top_p) | (rank_v == 0))
-  keep_sorted = jnp.broadcast_to(keep_sorted, logits_v.shape)
-  # Scatter back to vocabulary order.
-  inverse_v = jnp.argsort(order_v, axis=-1)
-  return jnp.take_along_axis(keep_sorted, inverse_v, axis=-1)
+    probs_r = jax.nn.softmax(sorted_r, axis=-1)
+    mass_before_r = jnp.cumsum(probs_r, axis=-1) - probs_r
+    keep_r = (mass_before_r < top_p) | (jnp.arange(sorted_r.shape[-1]) == 0)
+  return jnp.put_along_axis(jnp.zeros(logits_v.shape, jnp.bool_), order_r, keep_r, axis=-1,
+                            inplace=False)

@@ -70,8 +70,13 @@ def sampling_distribution(logits_bv: jax.Array, params: SamplingParams
     scaled_bv = logits_bv
   else:
     scaled_bv = logits_bv / params.temperature
-    keep_bv = sampling_mask_lib.sampling_mask_from_logits(
-        scaled_bv, top_k=min(params.top_k, vocab), top_p=params.top_p)
+    top_k = min(params.top_k, vocab)
+    if not sampling_mask_lib.truncates(vocab, top_k, params.top_p):
+      # Full-vocabulary sampling: no mask to build or apply (a static choice).
+      return (jax.nn.log_softmax(scaled_bv, axis=-1),
+              jnp.ones(scaled_bv.shape, jnp.bool_))
+    keep_bv = sampling_mask_lib.sampling_mask_from_logits(scaled_bv, top_k=top_k,
+                                                          top_p=params.top_p)
   logp_bv = jax.nn.log_softmax(sampling_mask_lib.apply_mask_to_logits(scaled_bv, keep_bv),
                                axis=-1)
   return logp_bv, keep_bv

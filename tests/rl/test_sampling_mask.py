@@ -77,3 +77,45 @@ def test_masked_sampling_draws_only_kept_tokens_and_logp_is_renormalised():
   draws = jax.random.categorical(jax.random.key(0), logp, shape=(500, 1))
   assert np.asarray(keep)[0, np.asarray(draws).ravel()].all()
   np.testing.assert_allclose(np.exp(np.asarray(logp))[np.asarray(keep)].sum(), 1.0, rtol=1e-6)
+
+
+def _two_sorts(logits_v, top_k, top_p):
+  """The mask as it was first written (a stable argsort, then an argsort of that
+  permutation to scatter back): the reference for the one-sort and top_k paths."""
+  vocab_size = logits_v.shape[-1]
+  order_v = jnp.argsort(-logits_v, axis=-1, stable=True)
+  sorted_v = jnp.take_along_axis(logits_v, order_v, axis=-1)
+  rank_v = jnp.arange(vocab_size)
+  keep_sorted = jnp.ones(logits_v.shape, jnp.bool_)
+  if top_k:
+    keep_sorted = rank_v < top_k
+    sorted_v = jnp.where(keep_sorted, sorted_v, -jnp.inf)
+  if top_p < 1.0:
+    probs_v = jax.nn.softmax(sorted_v, axis=-1)
+    mass_before_v = jnp.cumsum(probs_v, axis=-1) - probs_v
+    keep_sorted = keep_sorted & ((mass_before_v < top_p) | (rank_v == 0))
+  keep_sorted = jnp.broadcast_to(keep_sorted, logits_v.shape)
+  return jnp.take_along_axis(keep_sorted, jnp.argsort(order_v, axis=-1), axis=-1)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(1, 1.0), (3, 1.0), (31, 1.0), (32, 1.0), (0, 0.5),
+                                         (0, 0.9), (5, 0.6), (0, 1.0)])
+def test_one_sort_or_top_k_keeps_what_two_sorts_kept(top_k, top_p):
+  rng = np.random.default_rng(top_k + int(top_p * 10))
+  # Integer logits: many ties at every cut, broken by vocabulary order in both.
+  tied = rng.integers(-3, 3, size=(2, 5, 32)).astype(np.float32)
+  spread = rng.normal(size=(2, 5, 32)).astype(np.float32) * 3
+  for logits in (tied, spread):
+    got = sm.sampling_mask_from_logits(jnp.asarray(logits), top_k=top_k, top_p=top_p)
+    np.testing.assert_array_equal(np.asarray(got),
+                                  np.asarray(_two_sorts(jnp.asarray(logits), top_k, top_p)))
+
+
+@pytest.mark.parametrize("top_k,top_p,sorts", [(0, 1.0, 0), (64, 1.0, 0), (5, 1.0, 0),
+                                               (0, 0.9, 1), (5, 0.9, 0)])
+def test_the_mask_sorts_at_most_once(top_k, top_p, sorts):
+  """No truncation: no work at all; top-k: lax.top_k; top-p alone: one sort."""
+  jaxpr = str(jax.make_jaxpr(lambda x: sm.sampling_mask_from_logits(
+      x, top_k=top_k, top_p=top_p))(jnp.zeros((4, 64))))
+  assert jaxpr.count(" sort[") == sorts
+  assert ("top_k[" in jaxpr) == (0 < top_k < 64)

@@ -123,3 +123,36 @@ def test_bad_sampling_params_are_refused():
     sampling.SamplingParams(1.0, 0, 0.0)
   with pytest.raises(ValueError, match="top_k"):
     sampling.SamplingParams(1.0, -2)
+
+
+def test_full_vocabulary_sampling_builds_no_mask_and_the_replayed_mask_is_the_samplers():
+  """top_k=0, top_p=1: the sampler skips the mask (no sort, no top_k, no masking where);
+  its recorded support is every token. With or without truncation the mask the learner
+  replays is bit for bit the support the sampler drew from, and the learner's log-probs of
+  the drawn tokens agree with the sampler's to float32 rounding (two compiled programs)."""
+  from agentic_rl.rl import logprobs as logprobs_lib
+  logits = jax.random.normal(jax.random.key(0), (6, 40)) * 3
+  keys = sampling.trajectory_keys(jnp.arange(6, dtype=jnp.uint32), jnp.arange(6))
+  for params in (sampling.SamplingParams(0.7, 0, 1.0), sampling.SamplingParams(0.7, 5, 0.9),
+                 sampling.SamplingParams(0.7, 0, 0.8)):
+    out = jax.jit(sampling.sample, static_argnums=2)(logits, keys, params)
+    jaxpr = str(jax.make_jaxpr(lambda x: sampling.sampling_distribution(x, params))(logits))
+    truncated = params.top_k > 0 or params.top_p < 1
+    assert (" sort[" in jaxpr or "top_k[" in jaxpr) == truncated
+    if not truncated:
+      assert np.asarray(out.mask_bw == 255).all()  # 40 ids: five full bytes.
+      np.testing.assert_allclose(  # Eager against jitted: float32 rounding apart.
+          np.asarray(out.logp_b),
+          np.asarray(jnp.take_along_axis(jax.nn.log_softmax(logits / 0.7), out.tokens_b[:, None],
+                                         axis=-1)[:, 0]), rtol=0, atol=1e-6)
+    # The learner's view: token t drawn from the logits at t - 1, mask target aligned.
+    logits_btv = jnp.stack([logits, logits], axis=1)
+    tokens_bt = jnp.stack([jnp.zeros(6, jnp.int32), out.tokens_b], axis=1)
+    mask_btw = jnp.stack([jnp.zeros_like(out.mask_bw), out.mask_bw], axis=1)
+    learner_bt, _ = jax.jit(logprobs_lib.token_logprobs)(
+        logits_btv, tokens_bt, jnp.full((6,), 0.7), mask_btw)
+    np.testing.assert_allclose(np.asarray(learner_bt[:, 1]), np.asarray(out.logp_b), rtol=0,
+                               atol=1e-6)
+    _, keep_bv = jax.jit(sampling.sampling_distribution, static_argnums=1)(logits, params)
+    np.testing.assert_array_equal(
+        np.asarray(sampling_mask_lib.unpack_mask(out.mask_bw, 40)), np.asarray(keep_bv))
