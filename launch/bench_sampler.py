@@ -164,7 +164,7 @@ def _rollout_config(batch: int):
   c = rollout_config.default_rollout_config()
   c.num_slots = batch
   c.max_len = capacity()
-  c.prefill_chunk = _CHUNK.value
+  c.prefill_chunk = min(_CHUNK.value, capacity())
   c.prefill_rows = 1
   c.prompt_store_rows = max(4, min(batch, 16))
   c.temperature, c.top_k, c.top_p = _TEMPERATURE.value, _TOP_K.value, _TOP_P.value
