@@ -262,6 +262,9 @@ class RLSpec:
   group_size: int = derived(1, "config.rollout.group_size")  # Samples per task.
   max_turns: int = derived(8, "config.rollout.max_turns")  # Bound on turn indices.
   value_head: bool = derived(False, "config.model.value_head")  # GAE needs the critic.
+  # Whether the sampler truncates its distribution (top-k below the vocabulary, top-p
+  # below 1). When not, every recorded mask is all True and the learner skips replaying it.
+  sampling_truncated: bool = derived(True, "config.rollout.top_k and top_p")
 
   def __post_init__(self):
     check(self.num_steps >= 0, "num_steps", self.num_steps, "an integer >= 0")
@@ -310,10 +313,20 @@ def validate(rl_config, model_config=None, rollout_config=None) -> RLSpec:
   if rollout_config is not None:
     joined["group_size"] = _get(rollout_config, "group_size")
     joined["max_turns"] = _get(rollout_config, "max_turns")
+    sampling = [_get(rollout_config, k, None) for k in ("top_k", "top_p", "temperature")]
+    if None not in sampling:  # Else unknown: the mask is replayed.
+      top_k, top_p, temperature = sampling
+      vocab = _get(model_config, "vocab_size", None) if model_config is not None else None
+      joined["sampling_truncated"] = bool(
+          temperature == 0  # Greedy records the argmax as its mask.
+          or top_p < 1.0 or (top_k > 0 and (vocab is None or top_k < vocab)))
   return from_config_dict(RLSpec, rl_config, "config.rl", **joined)
 
 
-def _get(section, name: str):
+_REQUIRED = object()
+
+
+def _get(section, name: str, default=_REQUIRED):
   if isinstance(section, (ml_collections.ConfigDict, dict)):
-    return section[name]
-  return getattr(section, name)
+    return section[name] if default is _REQUIRED else section.get(name, default)
+  return getattr(section, name) if default is _REQUIRED else getattr(section, name, default)

@@ -59,7 +59,10 @@ def policy_outputs(model, params, batch: Batch, spec: RLSpec) -> dict[str, Any]:
   _, _, aux = out = model.forward(params, batch.tokens_bt, batch.positions_bt, cache=None,
                                   replay=learner_replay(batch, spec))
   logits_btv = out[0]
-  mask_w = batch.sampling_mask_btw if spec.replay.sampling_mask else None
+  # A sampler that never truncates records all-True masks: replaying them changes nothing,
+  # so the [B, T, V] unpack is skipped.
+  replay_mask = spec.replay.sampling_mask and spec.sampling_truncated
+  mask_w = batch.sampling_mask_btw if replay_mask else None
   logp_bt, entropy_bt = logprobs_lib.token_logprobs(logits_btv, batch.tokens_bt,
                                                     batch.temperature_b, mask_w)
   values_bt = None

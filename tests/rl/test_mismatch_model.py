@@ -18,6 +18,7 @@ import pytest
 
 from agentic_rl.model import transformer
 from agentic_rl.records import batch as batch_lib
+from agentic_rl.rl import config as rl_config_lib
 from agentic_rl.rl import learner
 from agentic_rl.records import sampling_mask as sm
 from tests.rl import tiny_model
@@ -168,3 +169,34 @@ def test_replay_flags_select_what_is_forced(env):
   assert list(learner.learner_replay(batch, only_routing)[0]) == ["experts"]
   assert sorted(learner.learner_replay(batch, FULL_REPLAY)[0]) == ["blocks", "experts"]
   assert learner.learner_replay(batch, NO_REPLAY) is None
+
+
+@pytest.mark.parametrize("top_k,top_p,temperature,truncated", [
+    (0, 1.0, 1.0, False), (64, 1.0, 1.0, False), (100, 1.0, 1.0, False), (4, 1.0, 1.0, True),
+    (0, 0.9, 1.0, True), (0, 1.0, 0.0, True)])
+def test_the_learner_knows_when_the_sampler_truncates(top_k, top_p, temperature, truncated):
+  from agentic_rl.rollout import config as rollout_config_lib
+  r = rollout_config_lib.default_rollout_config()
+  r.top_k, r.top_p, r.temperature = top_k, top_p, temperature
+  spec = rl_config_lib.validate(rl_config_lib.default_rl_config(), tiny_model.model_config(),
+                                r)
+  assert spec.sampling_truncated is truncated
+
+
+def test_a_full_vocabulary_sampler_skips_the_mask_replay_with_the_same_log_probs(env):
+  """All-True recorded masks (full-vocabulary sampling): skipping their replay, as the
+  learner does when config.rollout does not truncate, gives bit-identical log-probs and
+  entropies, and drops the [B, T, V] unpack from the forward."""
+  all_true = np.ones_like(env["keep"])
+  all_true[env["base"].loss_mask_bt == 0] = False
+  batch = env["base"].replace(sampling_mask_btw=sm.pack_mask(jnp.asarray(all_true)))
+  replayed = FULL_REPLAY.replace(sampling_truncated=True)
+  skipped = FULL_REPLAY.replace(sampling_truncated=False)
+  a = _outputs_fn(env["model"], replayed)(env["params"], batch)
+  b = _outputs_fn(env["model"], skipped)(env["params"], batch)
+  np.testing.assert_array_equal(np.asarray(a["logp_bt"]), np.asarray(b["logp_bt"]))
+  np.testing.assert_array_equal(np.asarray(a["entropy_bt"]), np.asarray(b["entropy_bt"]))
+  hlo = lambda spec: jax.jit(lambda p, x: learner.policy_outputs(  # noqa: E731
+      env["model"], p, x, spec)).lower(env["params"], batch).as_text()
+  # The packed uint8 mask is read only by the replay: skipped, only its argument is left.
+  assert hlo(skipped).count("ui8>") < hlo(replayed).count("ui8>")
