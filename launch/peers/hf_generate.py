@@ -10,7 +10,6 @@ early stop (no eos id). Prints one JSON line: tokens_per_s over the median of --
 timed calls, after one untimed call.
 """
 
-import argparse
 import json
 import statistics
 import time
@@ -19,16 +18,11 @@ import numpy as np
 import torch
 import transformers
 
+import workload  # launch/peers/workload.py, beside this script.
+
 
 def main():
-  p = argparse.ArgumentParser()
-  for name, default in (("batch", 8), ("prompt", 128), ("gen", 128), ("num_layers", 4),
-                        ("d_model", 256), ("d_ff", 1024), ("num_heads", 4),
-                        ("num_kv_heads", 2), ("head_dim", 64), ("vocab_size", 512),
-                        ("num_experts", 0), ("experts_per_tok", 2), ("d_ff_expert", 256),
-                        ("repeats", 3)):
-    p.add_argument(f"--{name}", type=int, default=default)
-  a = p.parse_args()
+  a = workload.parse_args()
   common = dict(vocab_size=a.vocab_size, hidden_size=a.d_model, intermediate_size=a.d_ff,
                 num_hidden_layers=a.num_layers, num_attention_heads=a.num_heads,
                 num_key_value_heads=a.num_kv_heads, head_dim=a.head_dim,

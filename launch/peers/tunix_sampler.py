@@ -9,7 +9,6 @@ end id is outside the vocabulary). Prints one JSON line: tokens_per_s over the m
 --repeats timed calls, after one untimed call that compiles.
 """
 
-import argparse
 import json
 import statistics
 import time
@@ -20,6 +19,8 @@ import numpy as np
 from tunix.generate import sampler as sampler_lib
 from tunix.models import dummy_model_creator
 from tunix.models.qwen3 import model as qwen3
+
+import workload  # launch/peers/workload.py, beside this script.
 
 
 class IdTokenizer:
@@ -45,14 +46,7 @@ class IdTokenizer:
 
 
 def main():
-  p = argparse.ArgumentParser()
-  for name, default in (("batch", 8), ("prompt", 128), ("gen", 128), ("num_layers", 4),
-                        ("d_model", 256), ("d_ff", 1024), ("num_heads", 4),
-                        ("num_kv_heads", 2), ("head_dim", 64), ("vocab_size", 512),
-                        ("num_experts", 0), ("experts_per_tok", 2), ("d_ff_expert", 256),
-                        ("repeats", 3)):
-    p.add_argument(f"--{name}", type=int, default=default)
-  a = p.parse_args()
+  a = workload.parse_args()
   moe = dict(num_experts=a.num_experts, num_experts_per_tok=a.experts_per_tok) \
       if a.num_experts else {}
   config = qwen3.ModelConfig(
