@@ -42,6 +42,7 @@ def _assert_equivalent(r: dict):
   assert r["mismatch_k3"] < 1e-6 and r["one_device_mismatch_k3"] < 1e-6
 
 
+@pytest.mark.slow  # ~60 s; tests/parallel/test_expert_parallel.py covers the default suite.
 def test_fsdp_and_expert_parallel_route_equals_one_device():
   _assert_equivalent(_check("data=2,fsdp=2,expert=2")["data=2,fsdp=2,expert=2"])
 

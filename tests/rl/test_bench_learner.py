@@ -4,7 +4,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow  # ~45 s, most of it compiling the quickstart step.
 def test_the_report_is_consistent():
   out = subprocess.run([sys.executable, "-m", "launch.bench_learner", "--json", "--batch=4",
                         "--seq_len=64", "--steps=1", "--matmul_size=256"],
