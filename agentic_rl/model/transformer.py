@@ -346,6 +346,16 @@ class Model:
     return jax.eval_shape(self._init, jax.random.key(0))
 
 
+def expert_overflow(layers_aux):
+  """(dropped, routed) int32 expert assignments summed over a forward's layers
+  (aux["layers"]), or None when no layer has a capacity (dropless dispatch)."""
+  layers = [layer for layer in layers_aux if "dropped_assignments" in layer]
+  if not layers:
+    return None
+  total = lambda key: sum(layer[key].astype(jnp.int32) for layer in layers)  # noqa: E731
+  return total("dropped_assignments"), total("routed_assignments")
+
+
 def replay_from_aux(aux: dict, *, experts: bool = True, blocks: bool = True) -> Replay:
   """The replay tuple that forces a forward's recorded routing and/or block selection."""
   keys = ([] if not experts else ["experts"]) + ([] if not blocks else ["blocks"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from agentic_rl.model import transformer
 from agentic_rl.model.config import ModelSpec
 from agentic_rl.model.transformer import Model
 from agentic_rl.parallel import mesh as mesh_lib
@@ -72,8 +73,7 @@ def compare(spec: ModelSpec, mesh_spec: MeshSpec, *, batch: int, length: int, se
     (loss, (logits, aux)), grads = grad(model)(sharded, x, q)
     place = lambda c: jax.device_put(c, rules.named(mesh, rules.cache_specs(c, sizes)))  # noqa: E731
     logp = sampler_logp(model, sharded, x, q, place)
-  dropped = sum(int(layer.get("dropped_assignments", 0)) for layer in aux["layers"])
-  routed = sum(int(layer.get("routed_assignments", 0)) for layer in aux["layers"])
+  dropped, routed = (int(c) for c in transformer.expert_overflow(aux["layers"]) or (0, 0))
   return {
       "forward_max_abs_diff": max_diff(one["logits"], logits),
       "loss_abs_diff": max_diff(one["loss"], loss),

@@ -115,7 +115,7 @@ def _shard_mapped(local, x_btd, experts_btp, gates_btp, valid_bt, w_gate_edf, w_
     raise ValueError(f"config.mesh.expert={ep} does not divide config.model.moe.num_experts="
                      f"{w_gate_edf.shape[0]}.")
   batch = tuple(a for a in rules.BATCH_AXES if a in sizes)
-  rows = math.prod(sizes[a] for a in batch)
+  rows = rules.batch_shards(sizes)
   b = x_btd.shape[0]
   pad = -b % rows
   if pad:  # A batch the shards do not divide (one prefill row, say): idle rows, not routed.

@@ -50,10 +50,6 @@ def tree_bytes_per_device(tree, sizes: dict[str, int]) -> int:
                  for leaf, s in zip(leaves, specs)))
 
 
-def _batch_shards(sizes) -> int:
-  return math.prod(sizes[a] for a in rules.BATCH_AXES)
-
-
 def _split(dim: int, size: int) -> float:
   return dim / size if size > 1 and dim % size == 0 else float(dim)
 
@@ -90,7 +86,7 @@ def activation_bytes(spec: ModelSpec, sizes: dict[str, int], batch: int, seq_len
   """Bytes the backward keeps for one micro-batch under config.model.remat: 'none' keeps
   every layer's activations; 'full' each layer's input, plus one layer recomputed at a
   time; 'save_dots' each layer's input and matmul outputs, plus one layer recomputed."""
-  rows = _split(batch, _batch_shards(sizes))  # rules.py keeps an undivided batch whole.
+  rows = _split(batch, rules.batch_shards(sizes))  # rules.py keeps an undivided batch whole.
   terms = [_layer_terms(spec, i, sizes["tensor"]) for i in range(spec.num_layers)]
   whole = [x["input"] + x["attention"] + x["ffn"] for x in terms]
   if spec.remat == "none":
@@ -115,7 +111,7 @@ def plan(spec: ModelSpec, sizes: dict[str, int], *, batch: int, seq_len: int, sl
   if kl_reference:
     breakdown["reference"] = params_b
   breakdown["activations"] = activation_bytes(spec, sizes, batch, seq_len)
-  rows = _split(slots, _batch_shards(sizes))
+  rows = _split(slots, rules.batch_shards(sizes))
   kv_split = sizes["tensor"] if spec.num_kv_heads % sizes["tensor"] == 0 else 1
   breakdown["kv_cache"] = int(rows * cache_lib.cache_bytes_per_sequence(
       spec, rollout_len) / kv_split)

@@ -70,20 +70,15 @@ def place_rows(mesh: Mesh, local_tree, process_count: int = 1):
       return jax.device_put(x, row_sharding(mesh, x.shape))
     global_shape = (x.shape[0] * process_count,) + x.shape[1:]
     sharding = row_sharding(mesh, global_shape)
-    if sharding.spec[0] is None and rows_divisor(mesh) > 1:
+    shards = rules.batch_shards(rules.mesh_sizes(mesh))
+    if sharding.spec[0] is None and shards > 1:
       raise ValueError(
           f"a batch of {global_shape[0]} rows ({x.shape[0]} per process) does not divide "
-          f"over the mesh's batch axes ({rows_divisor(mesh)} shards: config.mesh data x "
+          f"over the mesh's batch axes ({shards} shards: config.mesh data x "
           "fsdp x expert): make config.train.groups_per_step x config.rollout.group_size "
           "(RL) or config.train.sft_batch_size (SFT) a multiple of it.")
     return jax.make_array_from_process_local_data(sharding, x, global_shape)
   return jax.tree.map(one, local_tree)
-
-
-def rows_divisor(mesh: Mesh) -> int:
-  """How many shards a batch's rows split into on `mesh`."""
-  sizes = rules.mesh_sizes(mesh)
-  return math.prod(sizes.get(a, 1) for a in rules.BATCH_AXES)
 
 
 def sampler_mesh(mesh: Mesh) -> Mesh:

@@ -124,6 +124,11 @@ def batch_spec(letters: str, shape: tuple[int, ...], sizes: dict[str, int]) -> P
   return spec_for(letters, shape, sizes, ACTIVATION_RULES)
 
 
+def batch_shards(sizes: dict[str, int]) -> int:
+  """How many shards a batch's rows split into on a mesh of `sizes` (data x fsdp x expert)."""
+  return math.prod(sizes.get(a, 1) for a in BATCH_AXES)
+
+
 def named(mesh, specs):
   return jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
                       is_leaf=lambda x: isinstance(x, P))

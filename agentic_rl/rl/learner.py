@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from agentic_rl.model import transformer
 from agentic_rl.rl import advantages as adv_lib
 from agentic_rl.rl import corrections
 from agentic_rl.rl import logprobs as logprobs_lib
@@ -154,12 +155,11 @@ def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, s
 def expert_overflow_sums(layers_aux) -> dict:
   """moe/dropped and moe/routed: expert assignments the expert-parallel dispatch dropped
   over capacity, of those routed, summed over layers; {} when no layer has a capacity."""
-  layers = [layer for layer in layers_aux if "dropped_assignments" in layer]
-  if not layers:
+  counts = transformer.expert_overflow(layers_aux)
+  if counts is None:
     return {}
-  total = lambda key: sum(layer[key].astype(jnp.float32) for layer in layers)  # noqa: E731
-  return {"moe/dropped": total("dropped_assignments"),
-          "moe/routed": total("routed_assignments")}
+  dropped, routed = (c.astype(jnp.float32) for c in counts)
+  return {"moe/dropped": dropped, "moe/routed": routed}
 
 
 def _critic_terms(values_bt, batch: Batch, norms, spec: RLSpec):

@@ -69,9 +69,8 @@ jax.tree_util.register_dataclass(
 
 def overflow_counts(aux: dict) -> jax.Array:
   """int32 [2]: (dropped, routed) expert assignments summed over a forward's layers."""
-  total = lambda key: sum((layer[key].astype(jnp.int32) for layer in aux["layers"]  # noqa: E731
-                           if key in layer), jnp.int32(0))
-  return jnp.stack([total("dropped_assignments"), total("routed_assignments")])
+  counts = transformer.expert_overflow(aux["layers"])
+  return jnp.zeros(2, jnp.int32) if counts is None else jnp.stack(counts)
 
 
 class DeviceSteps:
