@@ -50,6 +50,8 @@ _PATTERN = flags.DEFINE_string("layer_pattern", "F", "Layer letters (F full, S w
 _EXPERTS = flags.DEFINE_integer("num_experts", 0, "Routed experts in every layer (0: dense).")
 _TOP = flags.DEFINE_integer("experts_per_tok", 2, "Experts per token.")
 _D_FF_EXPERT = flags.DEFINE_integer("d_ff_expert", 256, "Expert MLP hidden size.")
+_SCAN = flags.DEFINE_bool("scan_layers", False, "config.model.scan_layers: the layer stack "
+                           "and its cache scanned (compile time flat in depth).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k (0: off).")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Top-p (1: off).")
@@ -116,7 +118,8 @@ def model_spec() -> ModelSpec:
                    layer_pattern=_PATTERN.value, num_heads=_HEADS.value,
                    num_kv_heads=_KV_HEADS.value, head_dim=_HEAD_DIM.value, d_ff=_D_FF.value,
                    max_seq_len=capacity(), qk_norm=True,
-                   tie_embeddings=False, dtype="float32", param_dtype="float32", **moe)
+                   tie_embeddings=False, dtype="float32", param_dtype="float32",
+                   scan_layers=_SCAN.value, **moe)
 
 
 def run_once(engine, batch: int, first_task: int) -> float:
@@ -154,7 +157,7 @@ def main(argv):
       "compile_seconds": compile_seconds, "ms_per_decode_step": 1e3 * decode_s / max(steps, 1),
       "decode_steps_per_run": steps / len(seconds),
       "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))),
-      "moe": bool(_EXPERTS.value), "top_k": _TOP_K.value, "top_p": _TOP_P.value,
+      "moe": bool(_EXPERTS.value), "scan_layers": _SCAN.value, "top_k": _TOP_K.value, "top_p": _TOP_P.value,
       "backend": jax.default_backend(),
   }
   print(json.dumps(report) if _JSON.value else json.dumps(report, indent=1))

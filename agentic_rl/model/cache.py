@@ -11,6 +11,12 @@ blocks; the axis letters of attention.py):
     G layer: {"k": [B, S, K, H], "v": [B, S, K, H], "block_keys": [B, C, K, H]}
     F layer: {"k": [B, S, K, H], "v": [B, S, K, H]}
 
+Under config.model.scan_layers (`ModelSpec.layer_scan`) "layers" holds only the unrolled
+leading layers, and the scanned group's caches sit under "stack": one dict per slot, each
+buffer with a leading axis of the slot's R repeats ([R, B, ...], axis letter r), which the
+forward's scan slices as it slices the stacked params. `stack_layers` / `unstack_layers`
+convert between the two layouts; the functions here take either.
+
 Full caches are indexed by position. The ring stores the position held in
 each slot (-1 when empty), so visibility is decided by positions alone.
 Each sequence writes its own positions, so ragged lengths share one batch.
@@ -18,38 +24,84 @@ Each sequence writes its own positions, so ragged lengths share one batch.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_rl.model.config import LAYER_KINDS, ModelSpec
+from agentic_rl.model.config import LAYER_KINDS, LayerScan, ModelSpec
 from agentic_rl.kernels import reference
 
 
+STACK = "stack"  # The scanned slots' caches, [R, B, ...] per buffer.
+
+
 def init_cache(spec: ModelSpec, batch_size: int, max_len: int | None = None) -> dict:
-  """An empty cache for `batch_size` sequences of up to `max_len` positions."""
+  """An empty cache for `batch_size` sequences of up to `max_len` positions, in the
+  layout of `spec` (stacked per scanned slot under scan_layers)."""
   max_len = spec.max_seq_len if max_len is None else max_len
   if max_len % spec.block_size:
     raise ValueError(f"cache max_len={max_len} must be a multiple of "
                      f"block_size={spec.block_size}.")
+  scan = spec.layer_scan
+  unrolled = spec.num_layers if scan is None else scan.unrolled
+  layer = functools.partial(_empty_layer, spec, max_len=max_len)
+  cache = {"lengths": jnp.zeros((batch_size,), jnp.int32),
+           "layers": tuple(layer(i, (batch_size,)) for i in range(unrolled))}
+  if scan is not None:
+    # Every repeat of slot j has the kind of its first layer.
+    cache[STACK] = tuple(layer(scan.layer(j, 0), (scan.repeats, batch_size))
+                         for j in range(scan.period))
+  return cache
+
+
+def _empty_layer(spec: ModelSpec, index: int, rows: tuple[int, ...], *, max_len: int) -> dict:
+  """Layer `index`'s empty buffers, with leading axes `rows` ((B,) or (R, B))."""
   dtype = jnp.dtype(spec.cache_dtype)
   kv = (spec.num_kv_heads, spec.head_dim)
-  layers = []
-  for layer_type in spec.layer_types:
-    kind = LAYER_KINDS[layer_type]
-    if kind.ring_cache:
-      w = spec.sliding_window
-      layers.append({"k": jnp.zeros((batch_size, w) + kv, dtype),
-                     "v": jnp.zeros((batch_size, w) + kv, dtype),
-                     "pos": jnp.full((batch_size, w), -1, jnp.int32)})
-    else:
-      layer = {"k": jnp.zeros((batch_size, max_len) + kv, dtype),
-               "v": jnp.zeros((batch_size, max_len) + kv, dtype)}
-      if kind.block_summaries:
-        layer["block_keys"] = jnp.zeros(
-            (batch_size, max_len // spec.block_size) + kv, dtype)
-      layers.append(layer)
-  return {"lengths": jnp.zeros((batch_size,), jnp.int32), "layers": tuple(layers)}
+  kind = LAYER_KINDS[spec.layer_types[index]]
+  if kind.ring_cache:
+    w = spec.sliding_window
+    return {"k": jnp.zeros(rows + (w,) + kv, dtype), "v": jnp.zeros(rows + (w,) + kv, dtype),
+            "pos": jnp.full(rows + (w,), -1, jnp.int32)}
+  layer = {"k": jnp.zeros(rows + (max_len,) + kv, dtype),
+           "v": jnp.zeros(rows + (max_len,) + kv, dtype)}
+  if kind.block_summaries:
+    layer["block_keys"] = jnp.zeros(rows + (max_len // spec.block_size,) + kv, dtype)
+  return layer
+
+
+def stack_layers(cache: dict, scan: LayerScan | None) -> dict:
+  """A cache of per-layer entries (an unscanned model's) in the layout `scan` describes."""
+  if scan is None:
+    return cache
+  layers = cache["layers"]
+  return {"lengths": cache["lengths"], "layers": tuple(layers[:scan.unrolled]),
+          STACK: tuple(jax.tree.map(lambda *xs: jnp.stack(xs),
+                                    *[layers[scan.layer(j, r)] for r in range(scan.repeats)])
+                       for j in range(scan.period))}
+
+
+def unstack_layers(cache: dict, scan: LayerScan | None) -> dict:
+  """A cache in the layout `scan` describes as one entry per layer; inverts stack_layers."""
+  if scan is None:
+    return cache
+  layers = list(cache["layers"]) + [None] * (scan.period * scan.repeats)
+  for j, slot in enumerate(cache[STACK]):
+    for r in range(scan.repeats):
+      layers[scan.layer(j, r)] = jax.tree.map(lambda x, r=r: x[r], slot)
+  return {"lengths": cache["lengths"], "layers": tuple(layers)}
+
+
+def map_rows(fn, *caches) -> dict:
+  """`fn(batch_axis, *leaves)` over every buffer of the caches (all in one layout): the
+  batch is axis 0 of a layer's buffers and of lengths, axis 1 of a stacked slot's."""
+  out = {"lengths": fn(0, *[c["lengths"] for c in caches]),
+         "layers": jax.tree.map(functools.partial(fn, 0), *[c["layers"] for c in caches])}
+  if STACK in caches[0]:
+    out[STACK] = jax.tree.map(functools.partial(fn, 1), *[c[STACK] for c in caches])
+  return out
 
 
 def cache_bytes_per_sequence(spec: ModelSpec, length: int) -> int:
@@ -135,11 +187,12 @@ def reset_sequences(cache: dict, reset_b) -> dict:
   # not a pass over the whole cache.
   rows_b = jnp.where(reset_b, jnp.arange(b), b)
 
-  def reset_leaf(x):
-    empty = -1 if x.dtype == jnp.int32 else 0  # Ring positions: -1 marks an empty slot.
-    return x.at[rows_b].set(jnp.asarray(empty, x.dtype), mode="drop")
-  return {"lengths": jnp.where(reset_b, 0, cache["lengths"]),
-          "layers": jax.tree.map(reset_leaf, cache["layers"])}
+  def reset_leaf(axis, x):
+    # Ring positions: -1 marks an empty slot; a length is 0.
+    empty = -1 if x.dtype == jnp.int32 and x.ndim > axis + 1 else 0
+    index = (slice(None),) * axis + (rows_b,)
+    return x.at[index].set(jnp.asarray(empty, x.dtype), mode="drop")
+  return map_rows(reset_leaf, cache)
 
 
 def capacity(cache: dict) -> int | None:
@@ -148,14 +201,18 @@ def capacity(cache: dict) -> int | None:
   for layer in cache["layers"]:
     if "pos" not in layer:
       return int(layer["k"].shape[1])
+  for slot in cache.get(STACK, ()):
+    if "pos" not in slot:
+      return int(slot["k"].shape[2])
   return None
 
 
 def gather_sequences(cache: dict, index_b) -> dict:
   """A cache whose row i is row index_b[i] of `cache` (e.g. one prompt copied G times)."""
-  return jax.tree.map(lambda x: x[index_b], cache)
+  return map_rows(lambda axis, x: x[(slice(None),) * axis + (index_b,)], cache)
 
 
 def scatter_sequences(cache: dict, dst_b, src: dict) -> dict:
   """Writes the rows of `src` into rows `dst_b` of `cache`."""
-  return jax.tree.map(lambda x, y: x.at[dst_b].set(y), cache, src)
+  return map_rows(lambda axis, x, y: x.at[(slice(None),) * axis + (dst_b,)].set(y),
+                  cache, src)

@@ -25,14 +25,11 @@ block selection.
 
 config.model.scan_layers runs the repeating group of layers (`ModelSpec.layer_scan`) as
 one `nn.scan` over params stacked per slot (model/layer_stack.py), remat inside the scanned
-body, so the traced program does not grow with num_layers. Inputs and outputs keep their
-per-layer form: replay and aux["layers"] are tuples of L dicts (stacked per slot into the
-scan and back), and the cache a tuple of L entries. Cached calls (prefill, decode) run the
-scanned layers unrolled over slices of the stacked params rather than stack the cache per
-call: their program grows with num_layers as without the scan, and XLA may copy each
-layer's slice (a sampler that minds can hold `unstack_layers` params under a spec without
-scan_layers: the same model). Under scan_layers a replay gives every layer of a slot the
-same entries.
+body, so the traced program does not grow with num_layers: training, prefill and decode
+alike. Replay and aux["layers"] keep their per-layer form, tuples of L dicts (stacked per
+slot into the scan and back). The cache is stacked per slot as the params are
+(model/cache.py, "stack"), so a cached call scans params and cache together. Under
+scan_layers a replay gives every layer of a slot the same entries.
 """
 
 from __future__ import annotations
@@ -190,22 +187,26 @@ def _remat(block_cls, policy: str, *, scanned: bool = False):
 class LayerGroup(nn.Module):
   """One repeat of the scanned group (config.model.scan_layers): a Block per slot, named
   `slot_{j}`. The body of the nn.scan; `carry` is (x_btd, the MoE loss so far), summed in
-  layer order as the unrolled stack sums it."""
+  layer order as the unrolled stack sums it. A cached call scans each slot's stacked cache
+  (cache["stack"]) with the params and returns the new one the same way."""
   spec: ModelSpec
 
   @nn.compact
-  def __call__(self, carry, positions_bt, replay_slots):
+  def __call__(self, carry, positions_bt, replay_slots, cache_slots, lengths_b):
     x_btd, moe_loss = carry
     scan = self.spec.layer_scan
     block_cls = _remat(Block, self.spec.remat, scanned=True)
-    slot_aux = []
+    slot_aux, slot_caches = [], []
     for j in range(scan.period):
       # Every repeat of slot j has the kind of its first layer: that index picks the kind.
       block = block_cls(self.spec, scan.layer(j, 0), name=layer_stack.slot_name(j))
-      x_btd, _, aux, loss = block(x_btd, positions_bt, None, None, replay_slots[j])
+      x_btd, new_cache, aux, loss = block(
+          x_btd, positions_bt, None if cache_slots is None else cache_slots[j], lengths_b,
+          replay_slots[j])
       moe_loss = moe_loss + loss
       slot_aux.append(aux)
-    return (x_btd, moe_loss), tuple(slot_aux)
+      slot_caches.append(new_cache)
+    return (x_btd, moe_loss), (tuple(slot_aux), tuple(slot_caches))
 
 
 def _replay_by_slot(replay, scan) -> tuple[dict, ...]:
@@ -262,24 +263,16 @@ class Transformer(nn.Module):
       x_btd, new_layer_caches[i], layer_aux[i], loss = block_cls(
           spec, i, name=layer_stack.layer_name(i))(x_btd, positions_bt, *layer_inputs(i))
       moe_loss = moe_loss + loss
-    if scan is not None and cache is None:
+    stack_cache = None
+    if scan is not None:
       group = nn.scan(LayerGroup, variable_axes={"params": 0}, split_rngs={"params": True},
-                      in_axes=(nn.broadcast, 0), length=scan.repeats)
-      (x_btd, moe_loss), slot_aux = group(spec, name=layer_stack.STACK)(
-          (x_btd, moe_loss), positions_bt, _replay_by_slot(replay, scan))
+                      in_axes=(nn.broadcast, 0, 0, nn.broadcast), length=scan.repeats)
+      (x_btd, moe_loss), (slot_aux, stack_cache) = group(spec, name=layer_stack.STACK)(
+          (x_btd, moe_loss), positions_bt, _replay_by_slot(replay, scan),
+          None if cache is None else cache[cache_lib.STACK], lengths_b)
       for j, aux in enumerate(slot_aux):  # [R, ...] per entry -> one dict per layer.
         for r in range(scan.repeats):
           layer_aux[scan.layer(j, r)] = {k: v[r] for k, v in aux.items()}
-    elif scan is not None:
-      # Cached calls run the scanned layers unrolled, each on its slice of the stacked
-      # params: the cache stays a tuple of per-layer entries, never stacked (copied) per call.
-      stacked = self.variables["params"][layer_stack.STACK]
-      for i in range(unrolled, num_layers):
-        slot, repeat = scan.place(i)
-        layer_params = jax.tree.map(lambda w: w[repeat], stacked[layer_stack.slot_name(slot)])
-        x_btd, new_layer_caches[i], layer_aux[i], loss = Block(spec, i, parent=None).apply(
-            {"params": layer_params}, x_btd, positions_bt, *layer_inputs(i))
-        moe_loss = moe_loss + loss
     x_btd = nn.RMSNorm(epsilon=spec.norm_eps, dtype=spec.dtype, param_dtype=spec.param_dtype,
                        name="final_norm")(x_btd)
     if spec.tie_embeddings:
@@ -299,7 +292,9 @@ class Transformer(nn.Module):
                                name="value_head")(x_btd.astype(jnp.float32))[..., 0]
     new_cache = None
     if cache is not None:
-      new_cache = {"lengths": lengths_b, "layers": tuple(new_layer_caches)}
+      new_cache = {"lengths": lengths_b, "layers": tuple(new_layer_caches[:unrolled])}
+      if scan is not None:
+        new_cache[cache_lib.STACK] = stack_cache
     return logits_btv, new_cache, aux
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from agentic_rl.model import cache as cache_lib
 from agentic_rl.model import layer_stack
 
 # The expert axis doubles as FSDP for everything but the experts (whose own axis it is),
@@ -110,9 +111,13 @@ _CACHE_LETTERS = {"k": "bskh", "v": "bskh", "pos": "bs", "block_keys": "bckh", "
 
 
 def cache_specs(cache, sizes: dict[str, int]):
-  """PartitionSpecs for a KV-cache pytree: rows over the batch axes, kv heads over tensor."""
+  """PartitionSpecs for a KV-cache pytree: rows over the batch axes, kv heads over tensor.
+  A scanned slot's buffers (cache["stack"]) lead with r, never sharded."""
   def one(path, leaf):
-    letters = _CACHE_LETTERS.get(_keys(path)[-1])
+    keys = _keys(path)
+    letters = _CACHE_LETTERS.get(keys[-1])
+    if letters is not None and keys[0] == cache_lib.STACK:
+      letters = "r" + letters
     if letters is None or len(letters) != leaf.ndim:
       raise ValueError(f"cache entry {'/'.join(_keys(path))} {leaf.shape}: no axis letters.")
     return spec_for(letters, tuple(leaf.shape), sizes, ACTIVATION_RULES)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from agentic_rl.config_schema import ConfigError
+from agentic_rl.model import cache as cache_lib
 from agentic_rl.model import layer_stack
 from agentic_rl.model.config import LayerScan, default_model_config, validate
 from agentic_rl.model.transformer import Model, replay_from_aux, update_routing_biases
@@ -203,12 +204,47 @@ def test_cached_prefill_and_decode_with_scanned_params_equal_unrolled(name):
                                         layer_stack.stack_layers(params, scanned(spec)))
   np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
   assert_trees_close(got_layers, want_layers, atol=1e-6)
-  assert_trees_close(got_cache, want_cache, atol=1e-6)  # Same per-layer tuple.
+  assert set(got_cache) == {"lengths", "layers", "stack"}  # Stacked per slot, not per layer.
+  assert_trees_close(cache_lib.unstack_layers(got_cache, scanned(spec).layer_scan),
+                     want_cache, atol=1e-6)
   # And the cached path agrees with the scanned full forward.
   full, _, _ = jax.jit(Model(scanned(spec)).forward)(
       layer_stack.stack_layers(params, scanned(spec)), jnp.asarray(tokens),
       jnp.broadcast_to(jnp.arange(16, dtype=jnp.int32), (B, 16)))
   np.testing.assert_allclose(got, full, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["sssg_moe", "dense_head"])
+def test_the_stacked_cache_layout_round_trips_and_its_row_ops_match(name):
+  """init, reset, gather and scatter on the stacked layout equal the same ops on the
+  per-layer layout, moved over by stack_layers."""
+  spec = scanned(SPECS[name])
+  scan = spec.layer_scan
+  per_layer = Model(SPECS[name]).init_cache(3, 32)
+  stacked = Model(spec).init_cache(3, 32)
+  assert_trees_close(stacked, cache_lib.stack_layers(per_layer, scan), atol=0)
+  rng = np.random.default_rng(7)
+  full = jax.tree.map(lambda x: jnp.asarray(rng.integers(-1, 9, x.shape), x.dtype), per_layer)
+  stacked = cache_lib.stack_layers(full, scan)
+  assert_trees_close(cache_lib.unstack_layers(stacked, scan), full, atol=0)
+  assert cache_lib.capacity(stacked) == cache_lib.capacity(full) == 32
+  reset = jnp.asarray([False, True, False])
+  rows = jnp.asarray([2, 2, 0])
+  for got, want in [
+      (cache_lib.reset_sequences(stacked, reset), cache_lib.reset_sequences(full, reset)),
+      (cache_lib.gather_sequences(stacked, rows), cache_lib.gather_sequences(full, rows)),
+      (cache_lib.scatter_sequences(stacked, rows[:1], cache_lib.gather_sequences(stacked, rows[1:2])),
+       cache_lib.scatter_sequences(full, rows[:1], cache_lib.gather_sequences(full, rows[1:2])))]:
+    assert_trees_close(cache_lib.unstack_layers(got, scan), want, atol=0)
+
+
+def test_a_stacked_cache_shards_its_rows_and_heads_never_its_repeats():
+  spec = scanned(SPECS["sssg_moe"])
+  sizes = {"data": 2, "fsdp": 1, "tensor": 2, "expert": 1}
+  specs = rules.cache_specs(jax.eval_shape(lambda: Model(spec).init_cache(4, 32)), sizes)
+  assert specs["stack"][0]["k"] == rules.P(None, "data", None, "tensor", None)
+  assert specs["stack"][0]["pos"] == rules.P(None, "data", None)
+  assert specs["stack"][3]["block_keys"] == rules.P(None, "data", None, "tensor", None)
 
 
 def test_routing_bias_update_under_scan_equals_unrolled():
@@ -280,6 +316,23 @@ def test_the_scanned_program_does_not_grow_with_depth():
   small, large = make_spec("SSSG", 8), make_spec("SSSG", 32)
   scan_ratio = _lowered_size(scanned(large)) / _lowered_size(scanned(small))
   unrolled_ratio = _lowered_size(large) / _lowered_size(small)
+  assert scan_ratio < 1.1, scan_ratio
+  assert unrolled_ratio > 3.0, unrolled_ratio
+
+
+def _lowered_decode_size(spec) -> int:
+  """One cached decode step, lowered from shapes."""
+  model = Model(spec)
+  cache = jax.eval_shape(lambda: model.init_cache(B, 32))
+  return len(jax.jit(model.forward).lower(
+      model.param_shapes(), jnp.zeros((B, 1), jnp.int32), jnp.zeros((B, 1), jnp.int32),
+      cache).as_text())
+
+
+def test_the_scanned_decode_program_does_not_grow_with_depth():
+  small, large = make_spec("SSSG", 8), make_spec("SSSG", 32)
+  scan_ratio = _lowered_decode_size(scanned(large)) / _lowered_decode_size(scanned(small))
+  unrolled_ratio = _lowered_decode_size(large) / _lowered_decode_size(small)
   assert scan_ratio < 1.1, scan_ratio
   assert unrolled_ratio > 3.0, unrolled_ratio
 
