@@ -16,6 +16,7 @@ import ml_collections
 
 from agentic_rl import resources
 from agentic_rl.model import config as model_config
+from agentic_rl.model import layer_stack
 from agentic_rl.parallel import placement
 from agentic_rl.rl.train_step import TrainState
 from agentic_rl.train import distributed
@@ -134,23 +135,35 @@ class StateIO:
   def _params_from_checkpoint(self, path, like, config, source):
     directory, step = resolve_checkpoint(path)
     reader = Checkpointer(directory, read_only=True)
-    like = self.place(like)
-    # The source may or may not carry a KL reference (its run's kl_coef): try both layouts.
-    layouts = [{"train": like}]
-    if like.ref_params is not None:
-      layouts.append({"train": like.replace(ref_params=None)})
     try:
+      # The layout first: a refused one fails naming its fields, not in orbax's restore.
+      extras = reader.read_extras(step) or {}
+      changed = self.check_fingerprint(extras.get("fingerprint"), config,
+                                       f"{source}={path!r}")
+      spec = model_config.validate(config.model)
+      # Allowed to differ in scan_layers: restore the saved param tree, then convert.
+      saved_scan = "scan_layers" in changed
+      like = self.place(layer_stack.unstack_layers_in(like, spec) if saved_scan and
+                        spec.scan_layers else like)
+      if saved_scan and not spec.scan_layers:
+        like = layer_stack.stack_layers_in(like, spec.replace(scan_layers=True))
+      # The source may or may not carry a KL reference (its run's kl_coef): try both.
+      layouts = [{"train": like}]
+      if like.ref_params is not None:
+        layouts.append({"train": like.replace(ref_params=None)})
       _, restored, extras = restore(reader, layouts, step=step)
     except RuntimeError as err:
       raise RuntimeError(f"{source}={path!r}: {err}") from err
     finally:
       reader.close()
-    changed = self.check_fingerprint(extras.get("fingerprint"), config, f"{source}={path!r}")
     print(f"params from {directory} step {step} (phase {extras.get('phase')}, "
           f"sft step {extras.get('sft_step')}, rl step {extras.get('rl_step')})", flush=True)
     where = {"directory": directory, "step": int(step), "layout_changed": changed,
              **provenance(extras)}
-    return restored["train"].params, where  # With `like`'s shardings.
+    params = restored["train"].params
+    if saved_scan:
+      params = self.place(layer_stack.stack_layers(layer_stack.unstacked(params), spec))
+    return params, where  # With `like`'s shardings.
 
   def _params_from_file(self, path, like, config, source):
     folder = path if os.path.isdir(path) else os.path.dirname(path)

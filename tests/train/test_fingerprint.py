@@ -2,9 +2,12 @@
 
 import os
 
+import jax
+import numpy as np
 import pytest
 
 from agentic_rl import resources
+from agentic_rl.model import layer_stack
 from agentic_rl.train import fingerprint as fp
 from agentic_rl.train.checkpointing import Checkpointer
 from agentic_rl.train.run_state import RunState
@@ -102,3 +105,50 @@ def test_a_resume_under_another_layout_fails(tmp_path):
       resumed.run()
   finally:
     resumed.close()
+
+
+def _scannable(scan_layers: bool, allow=()):
+  config = tiny_config()
+  config.model.num_layers, config.model.num_dense_layers = 8, 0  # Two MoE SSSG groups.
+  config.model.scan_layers = scan_layers
+  config.train.allow_fingerprint_change = allow
+  return config
+
+
+@pytest.mark.parametrize("saved_scan", [False, True])
+def test_init_checkpoint_under_the_other_scan_layout_fails_clearly_or_converts(
+    tmp_path, saved_scan):
+  config = _scannable(saved_scan)
+  trainer = Trainer(config, str(tmp_path / "saved"))
+  try:
+    state = trainer.routes.for_step(0).init_state(config.seed)
+    ckpt = Checkpointer(os.path.join(tmp_path, "saved", "checkpoints"))
+    trainer.state_io.save(ckpt, state, RunState(phase="sft", sft_step=1), config, force=True)
+    ckpt.close()
+  finally:
+    trainer.close()
+  saved = layer_stack.unstacked(jax.device_get(state.params))
+  source = str(tmp_path / "saved")
+  # Refused: the fingerprint names the field, before orbax sees another param tree.
+  trainer = Trainer(_scannable(not saved_scan), str(tmp_path / "refused"))
+  try:
+    like = trainer.routes.for_step(0).init_state(0)
+    with pytest.raises(ValueError, match=rf"scan_layers: saved {saved_scan}, now "
+                                         rf"{not saved_scan}"):
+      trainer.state_io.load_params(source, like, trainer.config, "init")
+  finally:
+    trainer.close()
+  # Allowed: restored in the saved layout, converted to the run's.
+  config = _scannable(not saved_scan, allow=("scan_layers",))
+  trainer = Trainer(config, str(tmp_path / "allowed"))
+  try:
+    like = trainer.routes.for_step(0).init_state(0)
+    loaded, where = trainer.state_io.load_params(source, like, config, "init")
+    assert where["layout_changed"] == ["scan_layers"]
+    assert (layer_stack.scan_of(loaded.params) is None) == saved_scan
+    assert jax.tree.structure(loaded.params) == jax.tree.structure(like.params)
+    got = layer_stack.unstacked(jax.device_get(loaded.params))
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(saved)):
+      np.testing.assert_array_equal(a, b)
+  finally:
+    trainer.close()
