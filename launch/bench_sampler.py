@@ -56,8 +56,18 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k (0: off).")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Top-p (1: off).")
 _CHUNK = flags.DEFINE_integer("prefill_chunk", 128, "Prefill chunk.")
+_STEPS_PER_CALL = flags.DEFINE_integer(
+    "decode_steps_per_call", rollout_config.RolloutSpec.decode_steps_per_call,
+    "config.rollout.decode_steps_per_call: decode steps per device call.")
+_MAX_LEN = flags.DEFINE_integer(
+    "max_len", 0, "Cache capacity per slot (a multiple of 8); at least prompt + gen + 1. "
+    "A capacity above the context shows decode cost following the context.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs (the median is reported).")
 _JSON = flags.DEFINE_bool("json", False, "Print only the JSON report.")
+
+
+# The engine's time buckets (RolloutStats), per timed run.
+_SPLIT = ("decode_s", "prefill_s", "host_s", "env_wait_s")
 
 
 class BenchTokenizer:
@@ -102,8 +112,8 @@ class OneTurnEnv:
 
 def capacity() -> int:
   """Cache positions per slot: the prompt and the generation (+1 flushed), in whole blocks
-  (ModelSpec's default block_size, 8)."""
-  return -(-(_PROMPT.value + _GEN.value + 1) // 8) * 8
+  (ModelSpec's default block_size, 8), or --max_len when larger."""
+  return max(-(-(_PROMPT.value + _GEN.value + 1) // 8) * 8, _MAX_LEN.value)
 
 
 def model_spec() -> ModelSpec:
@@ -145,20 +155,26 @@ def main(argv):
   try:
     compile_seconds = run_once(engine, batch, 0)  # Compiles every step shape.
     steps_before, decode_before = engine.stats.decode_steps, engine.stats.decode_s
+    calls_before = engine.stats.decode_calls
+    split_before = {k: getattr(engine.stats, k) for k in _SPLIT}
     seconds = [run_once(engine, batch, (r + 1) * batch) for r in range(_REPEATS.value)]
     steps = engine.stats.decode_steps - steps_before
     decode_s = engine.stats.decode_s - decode_before
+    split = {k: (getattr(engine.stats, k) - split_before[k]) / len(seconds) for k in _SPLIT}
   finally:
     engine.close()
   median = statistics.median(seconds)
   report = {
       "tokens_per_s": batch * _GEN.value / median, "batch": batch, "prompt": _PROMPT.value,
-      "gen": _GEN.value, "seconds": median, "seconds_all": seconds,
+      "gen": _GEN.value, "max_len": capacity(), "seconds": median, "seconds_all": seconds,
       "compile_seconds": compile_seconds, "ms_per_decode_step": 1e3 * decode_s / max(steps, 1),
       "decode_steps_per_run": steps / len(seconds),
       "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))),
-      "moe": bool(_EXPERTS.value), "scan_layers": _SCAN.value, "top_k": _TOP_K.value, "top_p": _TOP_P.value,
+      "moe": bool(_EXPERTS.value),
+      "decode_steps_per_call": _STEPS_PER_CALL.value, "decode_calls_per_run": (
+          engine.stats.decode_calls - calls_before) / len(seconds), "scan_layers": _SCAN.value, "top_k": _TOP_K.value, "top_p": _TOP_P.value,
       "backend": jax.default_backend(),
+      "seconds_split": split,
   }
   print(json.dumps(report) if _JSON.value else json.dumps(report, indent=1))
 
@@ -174,6 +190,7 @@ def _rollout_config(batch: int):
   c.group_size = 1
   c.max_turns = 1
   c.max_new_tokens_per_turn = _GEN.value
+  c.decode_steps_per_call = _STEPS_PER_CALL.value
   c.env_threads = 2
   return c
 

@@ -47,6 +47,7 @@ def _fan_in(in_axis, out_axis):
 class Attention(nn.Module):
   spec: ModelSpec
   layer_type: str
+  kv_len: int | None = None  # Cached calls: attend over the first kv_len positions only.
 
   @nn.compact
   def __call__(self, x_btd, positions_bt, layer_cache=None, lengths_b=None,
@@ -135,10 +136,18 @@ class Attention(nn.Module):
       return ops.causal_attention(q_btnh, k_btkh, v_btkh, positions_bt, positions_bt), None
     new_cache = {"k": cache_lib.write_full(layer_cache["k"], k_btkh, positions_bt),
                  "v": cache_lib.write_full(layer_cache["v"], v_btkh, positions_bt)}
-    k_pos_bs = self._buffer_positions(new_cache["k"])
-    o_btnh = ops.causal_attention(q_btnh, new_cache["k"].astype(q_btnh.dtype),
-                                  new_cache["v"].astype(q_btnh.dtype), positions_bt, k_pos_bs)
+    k_bskh, v_bskh = self._filled(new_cache["k"]), self._filled(new_cache["v"])
+    o_btnh = ops.causal_attention(q_btnh, k_bskh.astype(q_btnh.dtype),
+                                  v_bskh.astype(q_btnh.dtype), positions_bt,
+                                  self._buffer_positions(k_bskh))
     return o_btnh, new_cache
+
+  def _filled(self, buf_bs__, per: int = 1):
+    """A full buffer's first kv_len positions (kv_len / per rows: per = block size for
+    the block summaries); the whole buffer when kv_len is None."""
+    if self.kv_len is None:
+      return buf_bs__
+    return buf_bs__[:, :self.kv_len // per]
 
   def _sparse(self, ops, q_btnh, k_btkh, v_btkh, positions_bt, layer_cache, lengths_b,
               forced_blocks_bktj):
@@ -158,7 +167,9 @@ class Attention(nn.Module):
       block_keys_bckh = cache_lib.update_block_keys(layer_cache["block_keys"], k_bskh,
                                                     positions_bt, lengths_b, block_size=bs)
       new_cache = {"k": k_bskh, "v": v_bskh, "block_keys": block_keys_bckh}
-      k_bskh, v_bskh = k_bskh.astype(q_btnh.dtype), v_bskh.astype(q_btnh.dtype)
+      k_bskh = self._filled(k_bskh).astype(q_btnh.dtype)
+      v_bskh = self._filled(v_bskh).astype(q_btnh.dtype)
+      block_keys_bckh = self._filled(block_keys_bckh, bs)
     if forced_blocks_bktj is None:
       blocks_bktj = ops.select_blocks(q_btnh, block_keys_bckh, positions_bt, block_size=bs,
                                       num_selected=spec.num_selected_blocks)

@@ -195,6 +195,43 @@ def reset_sequences(cache: dict, reset_b) -> dict:
   return map_rows(reset_leaf, cache)
 
 
+def _map_full_buffers(fn, cache: dict, *others) -> dict:
+  """`fn(axis, buffer, *other buffers)` on every full (position-indexed) buffer, `axis` its
+  position axis; ring buffers and lengths are taken from the last tree given."""
+  def layer(axis, entry, *rest):
+    if "pos" in entry:  # A ring: its slots are not positions.
+      return (rest or (entry,))[-1]
+    return {key: fn(axis, x, *[r[key] for r in rest]) for key, x in entry.items()}
+  out = {"lengths": (others or (cache,))[-1]["lengths"],
+         "layers": tuple(layer(1, *entries) for entries in
+                         zip(cache["layers"], *[o["layers"] for o in others]))}
+  if STACK in cache:
+    out[STACK] = tuple(layer(2, *entries) for entries in
+                       zip(cache[STACK], *[o[STACK] for o in others]))
+  return out
+
+
+def head(cache: dict, length: int) -> dict:
+  """The cache with its full buffers cut to their first `length` positions (a multiple of
+  the block size; ring buffers and lengths whole): a call that writes and reads only
+  positions below `length` runs on it at the cost of its length, not the capacity."""
+  full = capacity(cache)
+  if full is None or length >= full:
+    return cache
+  return _map_full_buffers(
+      lambda axis, x: jax.lax.slice_in_dim(x, 0, x.shape[axis] * length // full, axis=axis),
+      cache)
+
+
+def put_head(cache: dict, part: dict) -> dict:
+  """`cache` updated with `part`, a `head` of it that a call has written."""
+  if capacity(part) == capacity(cache):
+    return part
+  return _map_full_buffers(
+      lambda axis, x, y: jax.lax.dynamic_update_slice_in_dim(x, y, 0, axis=axis),
+      cache, part)
+
+
 def capacity(cache: dict) -> int | None:
   """Positions a cache can hold (its full buffers' length, a static shape), or None
   when it has only ring buffers (S layers), which hold any position."""
@@ -213,6 +250,11 @@ def gather_sequences(cache: dict, index_b) -> dict:
 
 
 def scatter_sequences(cache: dict, dst_b, src: dict) -> dict:
-  """Writes the rows of `src` into rows `dst_b` of `cache`."""
-  return map_rows(lambda axis, x, y: x.at[(slice(None),) * axis + (dst_b,)].set(y),
-                  cache, src)
+  """Writes the rows of `src` into rows `dst_b` of `cache`; `src` may be a `head` of such
+  rows (full buffers cut short): only those positions are written."""
+  def put(axis, x, y):
+    index = (slice(None),) * axis + (dst_b,)
+    if y.ndim > axis + 1 and y.shape[axis + 1] < x.shape[axis + 1]:
+      index += (slice(0, y.shape[axis + 1]),)
+    return x.at[index].set(y)
+  return map_rows(put, cache, src)

@@ -60,11 +60,14 @@ def _round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
-def position_capacity(spec: ModelSpec, cache, num_tokens: int) -> int | None:
-  """Positions a call can hold: the cache's capacity; without a cache, the key buffer
-  of the G layers (the chunk rounded up to a block); None when nothing bounds them."""
+def position_capacity(spec: ModelSpec, cache, num_tokens: int,
+                      kv_len: int | None = None) -> int | None:
+  """Positions a call can hold: the cache's capacity (or the kv_len it reads); without a
+  cache, the key buffer of the G layers (the chunk rounded up to a block); None when
+  nothing bounds them."""
   if cache is not None:
-    return cache_lib.capacity(cache)
+    capacity = cache_lib.capacity(cache)
+    return capacity if kv_len is None or capacity is None else min(capacity, kv_len)
   if "G" in spec.layer_types:
     return _round_up(num_tokens, spec.block_size)
   return None
@@ -143,6 +146,7 @@ def check_inputs(spec: ModelSpec, tokens_bt, positions_bt, *, lengths_b=None,
 class Block(nn.Module):
   spec: ModelSpec
   index: int
+  kv_len: int | None = None  # Cached calls: read only the cache's first kv_len positions.
 
   @nn.compact
   def __call__(self, x_btd, positions_bt, layer_cache, lengths_b, replay):
@@ -151,7 +155,7 @@ class Block(nn.Module):
     replay = replay or {}
     h = nn.RMSNorm(epsilon=spec.norm_eps, dtype=spec.dtype, param_dtype=spec.param_dtype,
                    name="attn_norm")(x_btd)
-    attn_out, new_cache, aux = Attention(spec, layer_type, name="attn")(
+    attn_out, new_cache, aux = Attention(spec, layer_type, self.kv_len, name="attn")(
         h, positions_bt, layer_cache, lengths_b, replay.get("blocks"))
     x_btd = x_btd + attn_out
     h = nn.RMSNorm(epsilon=spec.norm_eps, dtype=spec.dtype, param_dtype=spec.param_dtype,
@@ -190,6 +194,7 @@ class LayerGroup(nn.Module):
   layer order as the unrolled stack sums it. A cached call scans each slot's stacked cache
   (cache["stack"]) with the params and returns the new one the same way."""
   spec: ModelSpec
+  kv_len: int | None = None
 
   @nn.compact
   def __call__(self, carry, positions_bt, replay_slots, cache_slots, lengths_b):
@@ -199,7 +204,8 @@ class LayerGroup(nn.Module):
     slot_aux, slot_caches = [], []
     for j in range(scan.period):
       # Every repeat of slot j has the kind of its first layer: that index picks the kind.
-      block = block_cls(self.spec, scan.layer(j, 0), name=layer_stack.slot_name(j))
+      block = block_cls(self.spec, scan.layer(j, 0), self.kv_len,
+                        name=layer_stack.slot_name(j))
       x_btd, new_cache, aux, loss = block(
           x_btd, positions_bt, None if cache_slots is None else cache_slots[j], lengths_b,
           replay_slots[j])
@@ -228,6 +234,7 @@ def _replay_by_slot(replay, scan) -> tuple[dict, ...]:
 
 class Transformer(nn.Module):
   spec: ModelSpec
+  kv_len: int | None = None  # See Model.forward.
 
   @nn.compact
   def __call__(self, tokens_bt, positions_bt, cache=None, replay=None):
@@ -241,7 +248,7 @@ class Transformer(nn.Module):
     # Under jit the host check cannot run: a bad id or position gives NaN, not an answer.
     # (take already fills ids >= vocab with NaN; a negative one would wrap.)
     x_btd = jnp.where((tokens_bt < 0)[..., None], jnp.nan, x_btd)
-    capacity = position_capacity(spec, cache, tokens_bt.shape[1])
+    capacity = position_capacity(spec, cache, tokens_bt.shape[1], self.kv_len)
     bad_pos_bt = positions_bt < -1
     if capacity is not None:
       bad_pos_bt |= positions_bt >= capacity
@@ -261,13 +268,14 @@ class Transformer(nn.Module):
 
     for i in range(unrolled):
       x_btd, new_layer_caches[i], layer_aux[i], loss = block_cls(
-          spec, i, name=layer_stack.layer_name(i))(x_btd, positions_bt, *layer_inputs(i))
+          spec, i, self.kv_len, name=layer_stack.layer_name(i))(x_btd, positions_bt, *layer_inputs(i))
       moe_loss = moe_loss + loss
     stack_cache = None
     if scan is not None:
       group = nn.scan(LayerGroup, variable_axes={"params": 0}, split_rngs={"params": True},
                       in_axes=(nn.broadcast, 0, 0, nn.broadcast), length=scan.repeats)
-      (x_btd, moe_loss), (slot_aux, stack_cache) = group(spec, name=layer_stack.STACK)(
+      (x_btd, moe_loss), (slot_aux, stack_cache) = group(spec, self.kv_len,
+                                                         name=layer_stack.STACK)(
           (x_btd, moe_loss), positions_bt, _replay_by_slot(replay, scan),
           None if cache is None else cache[cache_lib.STACK], lengths_b)
       for j, aux in enumerate(slot_aux):  # [R, ...] per entry -> one dict per layer.
@@ -320,18 +328,29 @@ class Model:
     spec = self.spec.replace(moe=self.spec.moe.replace(dispatch="dropless"))
     return Transformer(spec).init(rng, tokens, positions)["params"]
 
-  def forward(self, params, tokens_bt, positions_bt, cache=None, replay: Replay | None = None):
+  def forward(self, params, tokens_bt, positions_bt, cache=None, replay: Replay | None = None,
+              kv_len: int | None = None):
     """See the module docstring. Concrete inputs are checked first (`check_inputs`);
-    traced ones (under jit) are not, so a jitted caller pays nothing."""
+    traced ones (under jit) are not, so a jitted caller pays nothing.
+
+    kv_len (cached calls, static): attend over the cache's first kv_len positions only, a
+    multiple of the block size that every fed position lies below; the cache is still
+    written in place. Decode cost then follows the context, not the capacity."""
+    if kv_len is not None:
+      if cache is None or kv_len % self.spec.block_size:
+        raise ValueError(f"kv_len={kv_len}: a cached call's multiple of block_size="
+                         f"{self.spec.block_size}.")
     if replay is not None and len(replay) != self.spec.num_layers:
       raise ValueError(f"replay has {len(replay)} layer entries; the model has "
                        f"{self.spec.num_layers} layers.")
     lengths_b = None if cache is None else cache["lengths"]
     if not any(isinstance(x, jax.core.Tracer) for x in (tokens_bt, positions_bt, lengths_b)):
       check_inputs(self.spec, tokens_bt, positions_bt, lengths_b=lengths_b,
-                   capacity=position_capacity(self.spec, cache, np.shape(positions_bt)[-1]),
+                   capacity=position_capacity(self.spec, cache, np.shape(positions_bt)[-1],
+                                              kv_len),
                    cached=cache is not None)
-    return self.module.apply({"params": params}, tokens_bt, positions_bt, cache, replay)
+    module = self.module if kv_len is None else Transformer(self.spec, kv_len)
+    return module.apply({"params": params}, tokens_bt, positions_bt, cache, replay)
 
   def init_cache(self, batch_size: int, max_len: int | None = None) -> dict:
     return cache_lib.init_cache(self.spec, batch_size, max_len)

@@ -52,13 +52,19 @@ class RolloutSpec:
   max_turns: int = 8  # Model turns per trajectory (the env's turn budget too).
   max_total_tokens: int = 0  # Prompt + model + tool tokens per trajectory; 0 = max_len.
   max_new_tokens_per_turn: int = 256
+  # Decode steps per device call: a jitted loop feeds each slot its own draws and returns
+  # when every slot has stopped (stop id, budget) or after this many steps. 1 = a host
+  # round trip per token; more saves them, while a slot that stopped early idles until
+  # the call returns.
+  decode_steps_per_call: int = 8
   env_threads: int = 8  # Host threads stepping environments.
   seed: int = derived(0, "config.seed")  # Base of the per-trajectory sampling seeds.
   system_prompt: str = ""  # Used when the environment has no `system_prompt` of its own.
 
   def __post_init__(self):
     for name in ("num_slots", "prefill_chunk", "prefill_rows", "prompt_store_rows",
-                 "group_size", "max_turns", "max_new_tokens_per_turn", "env_threads"):
+                 "group_size", "max_turns", "max_new_tokens_per_turn", "env_threads",
+                 "decode_steps_per_call"):
       _positive(name, getattr(self, name))
     for name in ("max_len", "max_total_tokens", "top_k", "seed"):
       check(getattr(self, name) >= 0, name, getattr(self, name), "an integer >= 0")

@@ -2,9 +2,10 @@
 
 Prefill: up to `prefill_rows` owners of the prefill queue, all prompt-store groups or all
 slots (whichever kind heads the queue), one chunk of `prefill_chunk` context tokens each.
-Decode: one position per slot, -1 for a slot that sits the step out. Either way a row
-whose next token is teacher-forced takes it from its `forced` queue here; the device draws
-for the rest (see device_steps.py).
+Decode: one position per slot, -1 for a slot that sits the call out, then up to
+decode_steps_per_call steps on the device. Either way a row whose next tokens are
+teacher-forced takes them from its `forced` queue; the device draws for the rest (see
+device_steps.py).
 
 Token bookkeeping: the last token a slot drew is not yet in its cache; it is
 fed by the next decode step or as the first token of the next prefill. A
@@ -15,6 +16,7 @@ token of the record has its routing and block selection recorded.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Sequence
 
 import numpy as np
@@ -64,20 +66,28 @@ def prefill_batch(queue: Sequence[Active | Group], spec: config_lib.RolloutSpec
                       seeds, forced)
 
 
-def decode_inputs(rows: Sequence[Active], num_slots: int
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-  """(tokens_s, positions_s, seeds_s, forced_s) of one decode step that feeds `rows`."""
-  tokens = np.zeros(num_slots, np.int32)
-  positions = np.full(num_slots, -1, np.int32)
-  seeds = np.zeros(num_slots, np.uint32)
-  forced = np.full(num_slots, -1, np.int32)
+def decode_inputs(rows: Sequence[Active], spec: config_lib.RolloutSpec
+                  ) -> tuple[np.ndarray, ...]:
+  """(tokens_s, positions_s, seeds_s, forced_sn, budget_s) of one decode call that feeds
+  `rows`: each row's next teacher ids (peeked, not taken: the caller takes what the call
+  consumed) and the draws it may make before the host must act: what is left of its turn
+  and of its trajectory's token limit; 0 for a flush (one token fed, nothing drawn)."""
+  s, n = spec.num_slots, spec.decode_steps_per_call
+  tokens = np.zeros(s, np.int32)
+  positions = np.full(s, -1, np.int32)
+  seeds = np.zeros(s, np.uint32)
+  forced = np.full((s, n), -1, np.int32)
+  budget = np.zeros(s, np.int32)
   for a in rows:
     tokens[a.slot] = a.builder.tokens[a.cache_len]
     positions[a.slot] = a.cache_len
     seeds[a.slot] = a.member.seed
-    if a.state is SlotState.DECODE and a.forced:
-      forced[a.slot] = a.forced.popleft()
-  return tokens, positions, seeds, forced
+    if a.state is SlotState.DECODE:
+      ids = list(itertools.islice(a.forced, n))
+      forced[a.slot, :len(ids)] = ids
+      budget[a.slot] = min(spec.max_new_tokens_per_turn - a.builder.turn_generated,
+                           spec.token_limit - a.builder.length)
+  return tokens, positions, seeds, forced, budget
 
 
 def advance_lengths(lengths_r, rows_b, positions_bt) -> None:

@@ -4,8 +4,14 @@ There is no second inference implementation. `forward_and_sample` is
 `model.forward` on a chunk of positions per row (cache donated) followed by
 one draw after each row's last valid position:
 
-  * decode  = forward_and_sample on every slot row, one position each
-              (-1 for a slot that sits the step out);
+  * decode  = up to N steps of forward-and-draw on every slot row in one
+              jitted `lax.while_loop`, each feeding a row the token it drew the
+              step before (N = the forced ids' width: config.rollout.
+              decode_steps_per_call). A row stops on a stop id or when it has
+              drawn its `budget_b` tokens (its turn's or trajectory's budget: 0
+              feeds one last token, a flush), and the loop ends when every row
+              has stopped or after N steps: the host sees the tokens, log-probs,
+              masks and replay of every step at once, not one round trip each;
   * prefill = gather the P rows being prefilled, forward_and_sample a chunk
               of C positions each (-1 padding at the end of short rows),
               scatter them back; the cost is that of P rows, whatever the
@@ -67,6 +73,24 @@ jax.tree_util.register_dataclass(
     meta_fields=[])
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeOutput:
+  """What one decode call returns: N steps' draws, step n at index n (rows that had
+  stopped hold what the step drew for them anyway: ignore past `drawn_b`)."""
+  tokens_nb: jax.Array  # int32 [N, B]
+  logp_nb: jax.Array  # float32 [N, B]
+  mask_nbw: jax.Array  # uint8 [N, B, W]
+  replay: Any  # Per layer, the replay of the N fed positions (time axis N).
+  drawn_b: jax.Array  # int32 [B]: tokens row b fed and drew (0 for a row that sat out).
+  steps: jax.Array  # int32: steps the loop ran.
+  overflow: jax.Array  # int32 [2], as StepOutput's, summed over the steps.
+
+
+jax.tree_util.register_dataclass(
+    DecodeOutput, data_fields=["tokens_nb", "logp_nb", "mask_nbw", "replay", "drawn_b",
+                               "steps", "overflow"], meta_fields=[])
+
+
 def overflow_counts(aux: dict) -> jax.Array:
   """int32 [2]: (dropped, routed) expert assignments summed over a forward's layers."""
   counts = transformer.expert_overflow(aux["layers"])
@@ -89,7 +113,9 @@ class DeviceSteps:
     self.trace_counts: collections.Counter[str] = collections.Counter()
     self.forward_and_sample = self._on_mesh(jax.jit(self._forward_and_sample,
                                                     donate_argnums=(1,)))
-    self.gather_rows = self._on_mesh(jax.jit(self._gather_rows))
+    self.decode_loop = self._on_mesh(jax.jit(self._decode_loop, donate_argnums=(1,),
+                                             static_argnames=("attend",)))
+    self.gather_rows = self._on_mesh(jax.jit(self._gather_rows, static_argnames=("attend",)))
     self.scatter_rows = self._on_mesh(jax.jit(self._scatter_rows, donate_argnums=(0,)))
     self.fork = self._on_mesh(jax.jit(self._fork, donate_argnums=(0,)))
     self.reset_rows = self._on_mesh(jax.jit(self._reset_rows, donate_argnums=(0,)))
@@ -127,16 +153,44 @@ class DeviceSteps:
 
   # -- composite steps (host-side sequencing of the jitted pieces) ---------------------------
 
-  def decode(self, params, cache, tokens_b, positions_b, seeds_b, forced_b, lengths_b=None):
-    """Feeds one token per row at `positions_b` (-1: sits out) and draws the next.
+  def decode(self, params, cache, tokens_b, positions_b, seeds_b, forced_bn, lengths_b=None,
+             *, budget_b=None, is_stop_v=None, max_steps=None):
+    """Feeds one token per row at `positions_b` (-1: sits out), draws the next, and goes
+    on feeding each row its draw for up to N steps (see the module docstring).
 
-    Host (numpy) inputs are reshaped and checked on the host: no extra device op per
-    step. lengths_b: the caller's host record of each row's cache length, to check
+    forced_bn: int32 [B, N] teacher ids per step (-1: draw), or [B] for one step.
+    budget_b: tokens each row may draw (default 1); is_stop_v: bool [V], the ids that end
+    a row's turn (default none); max_steps: at most this many steps (default N; a value,
+    not a shape: no recompile). Host (numpy) inputs are checked on the host: no extra
+    device op. lengths_b: the caller's host record of each row's cache length, to check
     that every row feeds its next position.
     """
-    tokens_bt, positions_bt = tokens_b.reshape(-1, 1), positions_b.reshape(-1, 1)
-    self.check_inputs(cache, tokens_bt, positions_bt, forced_b, lengths_b)
-    return self.forward_and_sample(params, cache, tokens_bt, positions_bt, seeds_b, forced_b)
+    forced_bn = forced_bn.reshape(forced_bn.shape[0], -1)
+    self.check_inputs(cache, tokens_b.reshape(-1, 1), positions_b.reshape(-1, 1), forced_bn,
+                      lengths_b)
+    if budget_b is None:
+      budget_b = np.ones(tokens_b.shape[0], np.int32)
+    if is_stop_v is None:
+      is_stop_v = np.zeros(self.model.spec.vocab_size, bool)
+    max_steps = forced_bn.shape[1] if max_steps is None else min(max_steps, forced_bn.shape[1])
+    attend = None
+    if lengths_b is not None and isinstance(positions_b, np.ndarray):
+      fed = positions_b >= 0
+      attend = self.attend_length(cache, int(np.max(lengths_b[fed], initial=0)) + max_steps)
+    return self.decode_loop(params, cache, tokens_b, positions_b, seeds_b, forced_bn,
+                            budget_b, is_stop_v, np.int32(max_steps), attend=attend)
+
+  def attend_length(self, cache, positions: int) -> int | None:
+    """The cache length a call that writes below `positions` reads (decode: kv_len) or
+    copies (prefill: the rows gathered): a power of two times the block size (few shapes
+    to compile), or None for the whole capacity."""
+    capacity = cache_lib.capacity(cache)
+    if capacity is None:
+      return None
+    length = self.model.spec.block_size
+    while length < positions:
+      length *= 2
+    return None if length >= capacity else length
 
   def prefill(self, params, cache, rows_p, tokens_pc, positions_pc, seeds_p, forced_p,
               lengths_p=None):
@@ -147,7 +201,10 @@ class DeviceSteps:
       raise ValueError(f"prefill chunk has {tokens_pc.shape[1]} tokens; these steps "
                        f"compile chunks of {self.chunk} (pad with position -1).")
     self.check_inputs(cache, tokens_pc, positions_pc, forced_p, lengths_p)
-    sub = self.gather_rows(cache, rows_p)
+    attend = None
+    if lengths_p is not None:
+      attend = self.attend_length(cache, int(np.max(lengths_p, initial=0)) + self.chunk)
+    sub = self.gather_rows(cache, rows_p, attend=attend)
     sub, out = self.forward_and_sample(params, sub, tokens_pc, positions_pc, seeds_p, forced_p)
     return self.scatter_rows(cache, rows_p, sub), out
 
@@ -165,9 +222,10 @@ class DeviceSteps:
     vocab = self.model.spec.vocab_size
     bad = (forced_b < -1) | (forced_b >= vocab)
     if bad.any():
-      b = int(np.argmax(bad))
-      raise ValueError(f"forced token id {forced_b[b]} at row {b} is outside the "
-                       f"vocabulary [0, {vocab}) (-1: draw).")
+      where = tuple(int(i) for i in np.argwhere(bad)[0])
+      step = f", step {where[1]}" if len(where) > 1 and forced_b.shape[1] > 1 else ""
+      raise ValueError(f"forced token id {forced_b[where]} at row {where[0]}{step} is "
+                       f"outside the vocabulary [0, {vocab}) (-1: draw).")
 
   # -- jitted bodies ------------------------------------------------------------------------
 
@@ -195,11 +253,60 @@ class DeviceSteps:
     return self._keep_sharded(cache), StepOutput(
         sampled, transformer.replay_from_aux(aux), last_logits_bv, overflow_counts(aux))
 
-  def _gather_rows(self, cache, rows):
+  def _decode_loop(self, params, cache, tokens_b, positions_b, seeds_b, forced_bn, budget_b,
+                   is_stop_v, max_steps, attend=None):
+    self.trace_counts["decode_loop"] += 1
+    n = forced_bn.shape[1]
+
+    def step(cache, tokens_b, positions_b, forced_b):
+      logits_btv, cache, aux = self.model.forward(params, tokens_b[:, None],
+                                                  positions_b[:, None], cache, kv_len=attend)
+      keys_b = sampling.trajectory_keys(seeds_b, positions_b + 1)
+      sampled = sampling.sample(logits_btv[:, 0], keys_b, self.sampling_params, forced_b)
+      return self._keep_sharded(cache), sampled, transformer.replay_from_aux(aux), \
+          overflow_counts(aux)
+
+    shapes = jax.eval_shape(step, cache, tokens_b, positions_b, forced_bn[:, 0])[1:3]
+    # Per-step outputs stacked over a leading step axis, written at step i.
+    records = jax.tree.map(lambda x: jnp.zeros((n,) + x.shape, x.dtype), shapes)
+    active_b = positions_b >= 0
+    init = (jnp.int32(0), cache, tokens_b.astype(jnp.int32), positions_b.astype(jnp.int32),
+            active_b, jnp.zeros_like(budget_b, jnp.int32), records, jnp.zeros(2, jnp.int32))
+
+    def cond(carry):
+      i, _, _, _, active_b, _, _, _ = carry
+      return (i < max_steps) & jnp.any(active_b)
+
+    def body(carry):
+      i, cache, tokens_b, positions_b, active_b, drawn_b, records, overflow = carry
+      fed_b = jnp.where(active_b, positions_b, -1)
+      cache, sampled, replay, step_overflow = step(cache, tokens_b, fed_b, forced_bn[:, i])
+      records = jax.tree.map(lambda buf, x: buf.at[i].set(x), records, (sampled, replay))
+      drawn_b = drawn_b + active_b
+      stop_b = is_stop_v[sampled.tokens_b] | (drawn_b >= budget_b)
+      active_b = active_b & ~stop_b
+      return (i + 1, cache, sampled.tokens_b, positions_b + 1, active_b, drawn_b, records,
+              overflow + step_overflow)
+
+    steps, cache, _, _, _, drawn_b, (sampled, replay), overflow = jax.lax.while_loop(
+        cond, body, init)
+    # [N, B, ..., 1, ...] per replay entry -> the forward's layout with time axis N.
+    replay = tuple(
+        {k: jnp.moveaxis(jnp.squeeze(v, transformer.REPLAY_TIME_AXIS[k] + 1), 0,
+                         transformer.REPLAY_TIME_AXIS[k]) for k, v in layer.items()}
+        for layer in replay)
+    return cache, DecodeOutput(sampled.tokens_b, sampled.logp_b, sampled.mask_bw, replay,
+                               drawn_b, steps, overflow)
+
+  def _gather_rows(self, cache, rows, attend=None):
+    """Rows `rows` of the cache, their full buffers cut to `attend` positions (None: all)."""
     self.trace_counts["gather_rows"] += 1
+    if attend is not None:
+      cache = cache_lib.head(cache, attend)
     return self._keep_sharded(cache_lib.gather_sequences(cache, rows))
 
   def _scatter_rows(self, cache, rows, sub):
+    """Writes rows `sub` (as `_gather_rows` cut them) back into rows `rows`."""
     self.trace_counts["scatter_rows"] += 1
     return self._keep_sharded(cache_lib.scatter_sequences(cache, rows, sub))
 

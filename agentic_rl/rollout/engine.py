@@ -16,7 +16,9 @@ Host side: this scheduler loop. Each iteration it
      slot and the slot draws its first token (the G members of a group share
      one prefill, and start as slots free up, without waiting for each other);
   4. runs one prefill call (up to `prefill_rows` rows, one chunk each);
-  5. runs one decode step over every slot that has a token to feed.
+  5. runs one decode call over every slot that has a token to feed: up to
+     `decode_steps_per_call` steps on the device, until every slot has stopped
+     (one step while prefill work waits).
 
 A slot whose turn ends (stop id or max_new_tokens_per_turn) pauses while its
 environment steps on a host thread; the other slots keep decoding. The
@@ -117,6 +119,8 @@ class RolloutEngine(TrajectoryTurns):
                                     for i in range(model.spec.num_layers))
     self._empty_replay = episodes.empty_replay(model.spec)
     self._stop_ids = frozenset(tokenizer.stop_ids)
+    self._is_stop_v = np.zeros(model.spec.vocab_size, bool)
+    self._is_stop_v[list(self._stop_ids)] = True
     self._pool = concurrent.futures.ThreadPoolExecutor(spec.env_threads,
                                                        thread_name_prefix="rollout-env")
     self.stats = RolloutStats(num_slots=spec.num_slots)
@@ -358,24 +362,36 @@ class RolloutEngine(TrajectoryTurns):
     if not rows:
       return False
     t0, busy = time.perf_counter(), self._busy_slots()
-    s = self.spec.num_slots
-    tokens, positions, seeds, forced = device_batch.decode_inputs(rows, s)
+    tokens, positions, seeds, forced, budget = device_batch.decode_inputs(rows, self.spec)
     params, version = self._current_params()
+    # Prefill work waiting for the device (a prompt, an observation) gets it after one
+    # step, as before the loop existed; otherwise the slots run on.
+    max_steps = 1 if self._prefill_queue else self.spec.decode_steps_per_call
     self.cache, out = self.steps.decode(params, self.cache, tokens, positions, seeds, forced,
-                                        self._cache_lengths)
-    device_batch.advance_lengths(self._cache_lengths, np.arange(s), positions[:, None])
-    sampled, replay, overflow = jax.device_get((out.sampled, out.replay, out.overflow))
-    self.stats.add_overflow(overflow)
-    self.stats.decode_steps += 1
-    self.stats.decode_rows += len(rows)
+                                        self._cache_lengths, budget_b=budget,
+                                        is_stop_v=self._is_stop_v, max_steps=max_steps)
+    out = jax.device_get(out)
+    drawn = out.drawn_b
+    self._cache_lengths += drawn  # Each draw fed one token first.
+    self.stats.add_overflow(out.overflow)
+    self.stats.decode_calls += 1
+    self.stats.decode_steps += int(out.steps)
+    self.stats.decode_rows += int(drawn.sum())
     for a in rows:
-      a.builder.add_replay(replay, a.slot, 1)
-      a.cache_len += 1
+      n = int(drawn[a.slot])
+      a.builder.add_replay(out.replay, a.slot, n)
+      a.cache_len += n
       if a.state is SlotState.FLUSH:
         self._finalize(a)
-      else:
-        self._on_token(a, sampled.tokens_b[a.slot], sampled.logp_b[a.slot],
-                       sampled.mask_bw[a.slot], version)
+        continue
+      for _ in range(min(n, len(a.forced))):
+        a.forced.popleft()
+      for i in range(n):  # The device stopped the row where the host's rules end its turn.
+        if a.state is not SlotState.DECODE:
+          raise RuntimeError(f"slot {a.slot}: the decode call drew {n} tokens, but the turn "
+                             f"ended after {i}: the device and host stop rules disagree.")
+        self._on_token(a, out.tokens_nb[i, a.slot], out.logp_nb[i, a.slot],
+                       out.mask_nbw[i, a.slot], version)
     self._account(t0, busy, "decode_s")
     return True
 

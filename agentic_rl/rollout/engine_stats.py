@@ -24,7 +24,8 @@ class RolloutStats:
   env_wait_s: float = 0.0  # Scheduler idle, waiting for the host environments.
   env_thread_s: float = 0.0  # Summed time of env resets and steps on the threads.
   host_s: float = 0.0  # Everything else in the scheduler loop.
-  decode_steps: int = 0
+  decode_calls: int = 0  # Device calls of up to decode_steps_per_call steps each.
+  decode_steps: int = 0  # Steps the calls ran, summed.
   decode_rows: int = 0  # Slot rows that fed a token, summed over decode steps.
   prefill_calls: int = 0
   prefill_rows_used: int = 0  # Rows holding real tokens, summed over prefill calls.

@@ -151,3 +151,31 @@ def test_local_window_attention_gradients_match_the_dense_path():
   for g_dense, g_local in zip(jax.grad(dense, (0, 1, 2))(q, k, v),
                               jax.grad(chunked, (0, 1, 2))(q, k, v)):
     np.testing.assert_allclose(g_local, g_dense, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fill", [np.nan, np.inf, -np.inf])
+def test_one_query_path_matches_numpy_and_the_many_query_path_on_non_finite_keys(fill):
+  """A decode step (T = 1) takes its own formulation; it must agree with the float64 loop,
+  and with the T > 1 path on the select rules: an unseen non-finite key or value changes
+  nothing, a seen one makes that kv group's output NaN."""
+  q, k, v = qkv(4, 3, 1, 16)
+  mask = np.random.default_rng(5).random((3, 1, 16)) < 0.6
+  mask[2] = False  # Sees nothing: zeros.
+  mask[0, 0, :2] = True
+  k, v = np.array(k), np.array(v)
+  unseen = np.argwhere(~mask[1, 0])[:2, 0]
+  k[1, unseen[0], 0], v[1, unseen[1], 1] = fill, fill  # Row 1: only unseen ones.
+  k[0, 0, 0, 3] = fill  # Row 0: a seen key in kv group 0,
+  v[0, 1, 1, 2] = fill  # and a seen value in kv group 1.
+  got = np.asarray(masked(q, jnp.asarray(k), jnp.asarray(v), jnp.asarray(mask)))
+  # The many-query path on the same row, padded with a query that sees nothing.
+  q2 = jnp.concatenate([q, q], axis=1)
+  mask2 = np.concatenate([mask, np.zeros_like(mask)], axis=1)
+  many = np.asarray(masked(q2, jnp.asarray(k), jnp.asarray(v), jnp.asarray(mask2)))[:, :1]
+  np.testing.assert_array_equal(np.isnan(got), np.isnan(many))
+  assert np.isnan(got[0]).all() and not np.isnan(got[1:]).any()
+  clean_k, clean_v = np.where(np.isfinite(k), k, 0.0), np.where(np.isfinite(v), v, 0.0)
+  want = npa.attention(q, clean_k, clean_v, mask)
+  np.testing.assert_allclose(got[1:], want[1:], **TOL)
+  np.testing.assert_allclose(got[1:], many[1:], **TOL)
+  np.testing.assert_array_equal(got[2], 0.0)

@@ -54,7 +54,7 @@ def test_unknown_fields_are_refused(spec):
   c = config_lib.default_rollout_config()
   c.slots = 4
   with pytest.raises(ValueError, match="config.rollout has unknown field slots; valid fields: "
-                                       "env_threads, group_size, "):
+                                       "decode_steps_per_call, env_threads, group_size, "):
     config_lib.validate(c, spec)
 
 

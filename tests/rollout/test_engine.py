@@ -12,7 +12,9 @@ from agentic_rl.records import batch as batch_lib
 from agentic_rl.rl import logprobs
 from agentic_rl.rollout import config as config_lib
 from agentic_rl.records import trajectory as trajectory_lib
-from tests.rollout.conftest import make_engine
+from agentic_rl.rollout import sampling
+from agentic_rl.rollout.device_steps import DeviceSteps
+from tests.rollout.conftest import CHUNK, SAMPLED, make_engine
 from agentic_rl.envs.countdown import CountdownEnv, CountdownTeacher
 
 
@@ -214,19 +216,28 @@ def test_a_finished_slot_takes_the_next_task_at_once(tiny_model, tokenizer, samp
   assert engine.stats.forks == 6 and engine.stats.trajectories == 6
 
 
-def test_no_recompilation_during_or_across_runs(tiny_model, tokenizer, sampled_steps):
+def test_compiles_are_bounded_by_the_length_buckets(tiny_model, tokenizer):
+  """Calls run on the cache cut to a power-of-two length bucket: a new bucket compiles once,
+  and nothing else does, within or across runs and engines of the same shapes."""
+  sampled_steps = DeviceSteps(tiny_model[0], sampling.SamplingParams(**SAMPLED), CHUNK)
   engine = make_engine(tiny_model, tokenizer, sampled_steps, CountdownEnv)
   engine.run(TASKS[:2])
   warm = dict(sampled_steps.trace_counts)
+  engine.run(TASKS[:2])  # The same lengths: nothing new.
+  assert dict(sampled_steps.trace_counts) == warm
   engine.run(TASKS[2:] + [{"start": 9, "pad": 20}])
   engine.close()
-  assert dict(sampled_steps.trace_counts) == warm
-  # A new engine of the same shapes reuses every compiled step.
   other = make_engine(tiny_model, tokenizer, sampled_steps, CountdownEnv, group_size=2)
   other.run(TASKS[:1])
   other.close()
-  assert dict(sampled_steps.trace_counts) == warm
-  assert warm["forward_and_sample"] >= 2  # Decode and prefill shapes, at least.
+  counts = dict(sampled_steps.trace_counts)
+  # block_size 4 up to 2048: 10 buckets, and the whole capacity (None).
+  buckets = 11
+  assert 1 <= counts["decode_loop"] <= buckets
+  # Prefill: slot rows and prompt-store rows, a bucket each.
+  assert counts["gather_rows"] <= 2 * buckets and counts["forward_and_sample"] <= buckets
+  assert counts["scatter_rows"] <= 2 * buckets
+  assert counts["fork"] == warm["fork"] and counts["reset_rows"] == warm["reset_rows"]
 
 
 def test_policy_version_is_recorded_per_token(tiny_model, tokenizer, sampled_steps):
@@ -264,3 +275,33 @@ def test_stopping_early_closes_every_environment(tiny_model, tokenizer, sampled_
   engine.close()  # Waits for the pool, where the closes run.
   assert first.end_reason and len(factory.envs) > 1
   assert all(env.closed for env in factory.envs)
+
+
+@pytest.mark.parametrize("steps_per_call", [3, 16])
+def test_several_decode_steps_per_call_give_the_one_step_trajectories(
+    tiny_model, tokenizer, sampled_steps, steps_per_call):
+  """The on-device decode loop feeds each slot its own draws and stops it where the host
+  would (stop id, turn budget, token limit): the same records, in fewer device calls."""
+  runs = {}
+  for n in (1, steps_per_call):
+    engine = make_engine(tiny_model, tokenizer, sampled_steps, CountdownEnv, group_size=2,
+                         decode_steps_per_call=n, max_total_tokens=160)
+    trajectories = engine.run(TASKS)
+    engine.close()
+    runs[n] = (trajectories, engine.stats)
+  (want, one), (got, many) = runs[1], runs[steps_per_call]
+  reasons = {r for t in want for r in t.turn_end_reasons}
+  assert reasons >= {"max_new_tokens"}, reasons  # Budgets stop rows on the device too.
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    assert a.turn_end_reasons == b.turn_end_reasons
+    assert a.end_reason == b.end_reason and a.reward == b.reward
+    np.testing.assert_allclose(a.sampler_logp, b.sampler_logp, atol=1e-6)
+    np.testing.assert_array_equal(a.sampling_mask, b.sampling_mask)
+    for la, lb in zip(a.replay, b.replay):
+      for key in lb:
+        np.testing.assert_array_equal(la[key], lb[key])
+  assert many.decode_rows == one.decode_rows and many.generated_tokens == one.generated_tokens
+  # How many calls depends on when env steps return (a waiting prefill cuts a call to one
+  # step); tests/rollout/test_decode_loop.py counts steps exactly.
+  assert many.decode_calls < one.decode_calls, (many.decode_calls, one.decode_calls)
