@@ -125,9 +125,9 @@ class DeviceSteps:
       return fn
 
     @functools.wraps(fn)
-    def call(*args):
+    def call(*args, **kwargs):
       with jax.set_mesh(self.mesh):
-        return fn(*args)
+        return fn(*args, **kwargs)
     return call
 
   def init_cache(self, rows: int, max_len: int):
