@@ -50,6 +50,8 @@ _PATTERN = flags.DEFINE_string("layer_pattern", "F", "Layer letters (F full, S w
 _EXPERTS = flags.DEFINE_integer("num_experts", 0, "Routed experts in every layer (0: dense).")
 _TOP = flags.DEFINE_integer("experts_per_tok", 2, "Experts per token.")
 _D_FF_EXPERT = flags.DEFINE_integer("d_ff_expert", 256, "Expert MLP hidden size.")
+_EXPERT_MATMUL = flags.DEFINE_enum("expert_matmul", "auto", ["auto", "ragged_dot", "grouped"],
+                                   "config.model.moe.expert_matmul.")
 _SCAN = flags.DEFINE_bool("scan_layers", False, "config.model.scan_layers: the layer stack "
                            "and its cache scanned (compile time flat in depth).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
@@ -121,7 +123,8 @@ def model_spec() -> ModelSpec:
   if _EXPERTS.value:
     moe = dict(num_dense_layers=0, moe=MoESpec(
         num_experts=_EXPERTS.value, num_experts_per_token=_TOP.value,
-        d_ff_expert=_D_FF_EXPERT.value, num_shared_experts=0))
+        d_ff_expert=_D_FF_EXPERT.value, num_shared_experts=0,
+        expert_matmul=_EXPERT_MATMUL.value))
   else:
     moe = dict(num_dense_layers=_LAYERS.value, moe=MoESpec(num_experts=0))
   return ModelSpec(vocab_size=_VOCAB.value, d_model=_D_MODEL.value, num_layers=_LAYERS.value,

@@ -40,6 +40,7 @@ LAYER_KINDS = {
 LAYER_TYPES = tuple(LAYER_KINDS)
 GATE_FUNCTIONS = ("softmax", "sigmoid")
 MOE_DISPATCHES = ("dropless", "all_to_all", "ragged_all_to_all")
+EXPERT_MATMULS = ("auto", "ragged_dot", "grouped")
 # The S layers' per-head output gate: sigmoid(x W + b) (the project's own); 2 sigmoid(x W + b),
 # exactly 1 at zero weights, so a dense model retrofitted to S layers starts unchanged; none.
 S_GATES = ("sigmoid", "unit_sigmoid", "none")
@@ -117,6 +118,13 @@ class MoESpec:
   # an emulation of it on XLA:CPU). See parallel/expert_parallel.py.
   dispatch: str = "dropless"
   capacity_factor: float = 1.25
+  # How each device runs its experts on rows sorted by expert. 'ragged_dot': one
+  # jax.lax.ragged_dot per matrix (TPU/GPU run only each group's rows; XLA:CPU runs every
+  # expert on every row). 'grouped': each expert's rows padded to a static bound (twice an
+  # even share) and batched matmuls, E times fewer FLOPs on CPU; when a group passes the
+  # bound the call takes ragged_dot instead (lax.cond), so it stays exact and dropless.
+  # 'auto': grouped on CPU, ragged_dot elsewhere.
+  expert_matmul: str = "auto"
 
   def __post_init__(self):
     check(is_int(self.num_experts) and self.num_experts >= 0, "num_experts", self.num_experts,
@@ -131,6 +139,7 @@ class MoESpec:
           "num_shared_experts", self.num_shared_experts, ">= 0")
     one_of(self.gate, "gate", GATE_FUNCTIONS)
     one_of(self.dispatch, "dispatch", MOE_DISPATCHES)
+    one_of(self.expert_matmul, "expert_matmul", EXPERT_MATMULS)
     check(is_number(self.capacity_factor) and self.capacity_factor > 0, "capacity_factor",
           self.capacity_factor, "a number > 0 (rows per expert, in even shares)")
 

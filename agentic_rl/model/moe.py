@@ -13,7 +13,9 @@ aux['experts']) replaces the top-k, while the gates still come from the current 
 so the router keeps learning and the learner's forward takes the sampler's expert paths.
 
 Dispatch is dropless by default: the B*T*P token-expert assignments are sorted by expert
-(stable), and each expert's SwiGLU runs on its contiguous rows via `jax.lax.ragged_dot`. No
+(stable), and each expert's SwiGLU runs on its contiguous rows via `jax.lax.ragged_dot`, or
+(moe.expert_matmul, the default on CPU) batched matmuls over each expert's rows padded to
+a static bound, falling back to ragged_dot for a call where a group passes it. No
 capacity, no dropped token; an expert with zero rows is just an empty group. With
 moe.dispatch='all_to_all' the experts are spread over the mesh's `expert` axis
 (agentic_rl/parallel/expert_parallel.py): equal to dropless while no expert overflows its
@@ -25,6 +27,8 @@ top-k), a one token-expert assignment (B*T*P of them, token-major).
 """
 
 from __future__ import annotations
+
+import functools
 
 import flax.linen as nn
 import jax
@@ -63,13 +67,51 @@ def update_routing_bias(bias_e: jax.Array, expert_load_e: jax.Array,
   return (bias_e.astype(jnp.float32) + step).astype(bias_e.dtype)
 
 
-def _routed_swiglu(x_ad: jax.Array, w_gate_edf: jax.Array, w_up_edf: jax.Array,
+def _ragged_swiglu(x_ad: jax.Array, w_gate_edf: jax.Array, w_up_edf: jax.Array,
                    w_down_efd: jax.Array, group_sizes_e: jax.Array) -> jax.Array:
   """SwiGLU of each row by its expert; rows sorted by expert, group_sizes_e rows each
   (rows past their sum give 0: ragged_dot's rule, which the ragged EP buffer relies on)."""
   gate_af = jax.lax.ragged_dot(x_ad, w_gate_edf, group_sizes_e)
   up_af = jax.lax.ragged_dot(x_ad, w_up_edf, group_sizes_e)
   return jax.lax.ragged_dot(jax.nn.silu(gate_af) * up_af, w_down_efd, group_sizes_e)
+
+
+def group_bound(num_rows: int, num_experts: int) -> int:
+  """Rows per expert the grouped path pads to: twice an even share, a multiple of 8, at
+  most every row."""
+  share = -(-2 * num_rows // num_experts)
+  return min(num_rows, -(-share // 8) * 8)
+
+
+def _grouped_swiglu(x_ad: jax.Array, w_gate_edf: jax.Array, w_up_edf: jax.Array,
+                    w_down_efd: jax.Array, group_sizes_e: jax.Array) -> jax.Array:
+  """`_ragged_swiglu` by batched matmuls over each expert's rows padded to `group_bound`
+  (c: a row within an expert's padded block): only the rows an expert owns are computed.
+  Exact only while no group passes the bound; `_routed_swiglu` checks that."""
+  a = x_ad.shape[0]
+  num_experts = group_sizes_e.shape[0]
+  c = group_bound(a, num_experts)
+  starts_e = jnp.cumsum(group_sizes_e) - group_sizes_e
+  valid_ec = jnp.arange(c)[None, :] < group_sizes_e[:, None]
+  rows_ec = jnp.where(valid_ec, starts_e[:, None] + jnp.arange(c)[None, :], a)
+  x_ecd = jnp.take(x_ad, rows_ec, axis=0, mode="fill", fill_value=0)
+  gate_ecf = jnp.einsum("ecd,edf->ecf", x_ecd, w_gate_edf)
+  up_ecf = jnp.einsum("ecd,edf->ecf", x_ecd, w_up_edf)
+  y_ecd = jnp.einsum("ecf,efd->ecd", jax.nn.silu(gate_ecf) * up_ecf, w_down_efd)
+  return jnp.zeros_like(x_ad).at[rows_ec].set(y_ecd, mode="drop")
+
+
+def _routed_swiglu(x_ad, w_gate_edf, w_up_edf, w_down_efd, group_sizes_e, *,
+                   expert_matmul: str = "auto"):
+  """The experts' SwiGLU on rows sorted by expert (config.model.moe.expert_matmul)."""
+  if expert_matmul == "auto":
+    expert_matmul = "grouped" if jax.default_backend() == "cpu" else "ragged_dot"
+  args = (x_ad, w_gate_edf, w_up_edf, w_down_efd, group_sizes_e)
+  if expert_matmul == "ragged_dot" or group_bound(x_ad.shape[0], group_sizes_e.shape[0]) \
+      >= x_ad.shape[0]:
+    return _ragged_swiglu(*args)
+  fits = jnp.max(group_sizes_e) <= group_bound(x_ad.shape[0], group_sizes_e.shape[0])
+  return jax.lax.cond(fits, _grouped_swiglu, _ragged_swiglu, *args)
 
 
 class MoEFeedForward(nn.Module):
@@ -128,9 +170,11 @@ class MoEFeedForward(nn.Module):
     elif m.dispatch == "ragged_all_to_all":
       y_btd, overflow = expert_parallel.ragged_all_to_all_moe(
           x_btd.astype(dtype), experts_btp, gates_btp, valid_bt, *weights,
-          mesh=_context_mesh(m.dispatch), expert_fn=_routed_swiglu)
+          mesh=_context_mesh(m.dispatch),
+          expert_fn=functools.partial(_routed_swiglu, expert_matmul=m.expert_matmul))
     else:
-      y_btd = _dispatch(x_btd.astype(dtype), experts_btp, gates_btp, *weights, num_experts)
+      y_btd = _dispatch(x_btd.astype(dtype), experts_btp, gates_btp, *weights, num_experts,
+                        m.expert_matmul)
     if m.num_shared_experts > 0:
       shared = DenseFeedForward(d_ff=m.num_shared_experts * d_ff, dtype=dtype,
                                 param_dtype=param_dtype, name="shared_experts")
@@ -204,7 +248,7 @@ def select_experts(scores_bte, bias_e, forced_experts_btp, valid_bt, moe):
 
 
 def _dispatch(x_btd, experts_btp, gates_btp, w_gate_edf, w_up_edf, w_down_efd,
-              num_experts: int):
+              num_experts: int, expert_matmul: str = "auto"):
   """Dropless: sort assignments by expert, ragged_dot, unsort, combine by gate."""
   b, t, p = experts_btp.shape
   d = x_btd.shape[-1]
@@ -214,7 +258,8 @@ def _dispatch(x_btd, experts_btp, gates_btp, w_gate_edf, w_up_edf, w_down_efd,
   group_sizes_e = jnp.bincount(experts_a, length=num_experts).astype(jnp.int32)
   # Assignment a belongs to token a // P (tokens flattened over B, T).
   x_sorted_ad = x_btd.reshape(b * t, d)[order_a // p]
-  y_sorted_ad = _routed_swiglu(x_sorted_ad, w_gate_edf, w_up_edf, w_down_efd, group_sizes_e)
+  y_sorted_ad = _routed_swiglu(x_sorted_ad, w_gate_edf, w_up_edf, w_down_efd, group_sizes_e,
+                               expert_matmul=expert_matmul)
   inverse_a = jnp.argsort(order_a)  # sorted position of each assignment
   y_btpd = y_sorted_ad[inverse_a].reshape(b, t, p, d)
   # Combine the P expert outputs in float32, then return to the compute dtype.

@@ -136,10 +136,15 @@ def test_dense_feedforward_matches_numpy():
 # ---------------------------------------------------------------- dispatch
 
 
+MATMULS = ["ragged_dot", "grouped"]  # moe.expert_matmul; A = 20 rows, bound 8 per expert.
+
+
+@pytest.mark.parametrize("matmul", MATMULS)
 @pytest.mark.parametrize("gate,renormalize,shared", [
     ("softmax", True, 0), ("softmax", False, 1), ("sigmoid", True, 2), ("sigmoid", False, 0)])
-def test_dispatch_matches_naive_loop(gate, renormalize, shared):
-  spec = make_spec(gate=gate, renormalize=renormalize, num_shared_experts=shared)
+def test_dispatch_matches_naive_loop(gate, renormalize, shared, matmul):
+  spec = make_spec(gate=gate, renormalize=renormalize, num_shared_experts=shared,
+                   expert_matmul=matmul)
   module, params, x, valid = init_moe(spec, seed=3)
   assert ("shared_experts" in params["params"]) == (shared > 0)
   y, aux = module.apply(params, x, valid)
@@ -152,10 +157,12 @@ def test_dispatch_matches_naive_loop(gate, renormalize, shared):
     np.testing.assert_allclose(np.asarray(aux["gates"]).sum(-1), 1.0, atol=1e-6)
 
 
+@pytest.mark.parametrize("matmul", MATMULS)
 @pytest.mark.parametrize("gate", ["softmax", "sigmoid"])
-def test_dispatch_with_idle_experts(gate):
-  """Experts 0, 2-4, 6, 7 get no tokens: leading, middle and trailing empty groups."""
-  spec = make_spec(gate=gate, num_shared_experts=1)
+def test_dispatch_with_idle_experts(gate, matmul):
+  """Experts 0, 2-4, 6, 7 get no tokens: leading, middle and trailing empty groups (10 rows
+  each: past the grouped bound of 8, so the grouped path falls back to ragged_dot)."""
+  spec = make_spec(gate=gate, num_shared_experts=1, expert_matmul=matmul)
   module, params, x, valid = init_moe(spec, seed=4)
   rng = np.random.default_rng(0)
   forced = np.stack([rng.permutation([1, 5]) for _ in range(B * T)]).reshape(B, T, K)
@@ -168,9 +175,10 @@ def test_dispatch_with_idle_experts(gate):
   np.testing.assert_allclose(load, [0, .5, 0, 0, 0, .5, 0, 0], atol=1e-7)
 
 
+@pytest.mark.parametrize("matmul", MATMULS)
 @pytest.mark.parametrize("only_expert", [0, 3, E - 1])
-def test_dispatch_all_assignments_to_one_expert(only_expert):
-  spec = make_spec(num_experts_per_token=1, renormalize=False)
+def test_dispatch_all_assignments_to_one_expert(only_expert, matmul):
+  spec = make_spec(num_experts_per_token=1, renormalize=False, expert_matmul=matmul)
   module, params, x, valid = init_moe(spec, seed=5)
   forced = np.full((B, T, 1), only_expert, np.int32)
   y, aux = module.apply(params, x, valid, jnp.asarray(forced))
@@ -475,3 +483,42 @@ def test_numerical_gradients(gate):
     return jnp.sum(y * r) + aux["aux_loss"]
 
   _directional_check(loss, params, seed=17)
+
+
+@pytest.mark.parametrize("forced_experts", [None, (2, 6)])
+def test_the_grouped_matmul_equals_ragged_dot_in_values_and_gradients(forced_experts):
+  """Zero-size groups inside the bound (only experts 2 and 6 used, 5 rows each at B=1) and
+  routed groups; values and every gradient agree with the ragged_dot path."""
+  results = []
+  for matmul in MATMULS:
+    spec = make_spec(expert_matmul=matmul, num_shared_experts=0)
+    module, params, x, valid = init_moe(spec, seed=6, b=1)
+    forced = None
+    if forced_experts is not None:
+      forced = jnp.asarray(np.tile(forced_experts, (1, T, 1)), jnp.int32)
+
+    def loss(p, x):
+      y, aux = module.apply(p, x, valid, forced)
+      return jnp.sum(y ** 2) + aux["aux_loss"], y
+    (value, y), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
+        params, x)
+    results.append((y, grads))
+  (y_r, g_r), (y_g, g_g) = results
+  np.testing.assert_allclose(np.asarray(y_g), np.asarray(y_r), atol=1e-6)
+  for a, b in zip(jax.tree.leaves(g_g), jax.tree.leaves(g_r)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_the_grouped_matmul_computes_only_the_bound_rows():
+  """On CPU, ragged_dot runs every expert on every row; the grouped path's matmuls have E
+  blocks of the bound (here 8 of 40 rows), under a cond that keeps ragged_dot as the
+  fallback."""
+  from agentic_rl.model import moe
+  assert moe.group_bound(40, 8) == 16 and moe.group_bound(128, 8) == 32
+  assert moe.group_bound(20, 8) == 8 and moe.group_bound(4, 8) == 4
+  a, d, f = 40, 16, 12
+  args = (jnp.zeros((a, d)), jnp.zeros((E, d, f)), jnp.zeros((E, d, f)), jnp.zeros((E, f, d)),
+          jnp.full((E,), a // E, jnp.int32))
+  hlo = jax.jit(lambda *x: moe._routed_swiglu(*x, expert_matmul="grouped")).lower(
+      *args).as_text()
+  assert "tensor<8x16x12xf32>" in hlo and "stablehlo.case" in hlo
