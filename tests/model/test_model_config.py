@@ -22,7 +22,7 @@ DEFAULTS = {
     "moe": {"num_experts": 8, "num_experts_per_token": 2, "d_ff_expert": 32,
             "num_shared_experts": 1, "gate": "softmax", "renormalize": True,
             "aux_loss_coef": 1e-2, "use_routing_bias": False, "routing_bias_rate": 1e-3,
-            "dispatch": "dropless", "capacity_factor": 1.25},
+            "dispatch": "dropless", "capacity_factor": 1.25, "expert_matmul": "auto"},
     "dtype": "float32", "param_dtype": "float32", "cache_dtype": "float32",
     "kernel_backend": "reference", "pallas_interpret": False, "remat": "none",
     "scan_layers": False,
@@ -61,7 +61,8 @@ def test_values_are_coerced_and_layer_types_follow_the_pattern():
      "config.model has unknown field num_head; valid fields: attention_bias, block_size, "),
     (lambda c: c.moe.update({"num_expert": 4}),
      "config.model.moe has unknown field num_expert; valid fields: aux_loss_coef, "
-     "capacity_factor, d_ff_expert, dispatch, gate, num_experts, num_experts_per_token, "
+     "capacity_factor, d_ff_expert, dispatch, expert_matmul, gate, num_experts, "
+     "num_experts_per_token, "
      "num_shared_experts, renormalize, routing_bias_rate, use_routing_bias."),
     (lambda c: c.moe.update({"num_experts_per_token": 9}),
      "config.model.moe.num_experts_per_token=9: expected between 1 and moe.num_experts=8."),
