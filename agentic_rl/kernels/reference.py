@@ -62,27 +62,29 @@ def masked_attention(q_btnh, k_bskh, v_bskh, mask_bts):
 def _one_query_attention(q_btnh, k_bskh, v_bskh, mask_bts):
   """`masked_attention` for one query per row (a decode step), as products and sums over
   the keys rather than batched [1, H] x [H, S] dots, which XLA runs far below the bytes
-  roofline. The same masking by select: an unseen key or value cannot reach the output, a
-  seen non-finite one makes the query's kv group NaN."""
+  roofline; and with no pass over the keys and values beyond the two products. The same
+  rules: an unseen key or value cannot reach the output (select, not a zero weight), and a
+  seen non-finite one makes the query's kv group NaN. A seen non-finite key makes its
+  score non-finite (checked on the [B, S, K, G] scores); a seen non-finite value makes the
+  output non-finite (checked on the output)."""
   b, t, n, h = q_btnh.shape
   num_kv_heads = k_bskh.shape[2]
   q_bkgh = _group_queries(q_btnh, num_kv_heads)[:, 0].astype(jnp.float32)
   mask_bs11 = mask_bts[:, 0, :, None, None]
-  k_bskh = k_bskh.astype(jnp.float32)
-  v_bskh = v_bskh.astype(jnp.float32)
-  scores_bskg = jnp.sum(q_bkgh[:, None] * k_bskh[:, :, :, None, :], axis=-1)
-  scores_bskg = jnp.where(mask_bs11, scores_bskg / jnp.sqrt(jnp.float32(h)), _NEG_INF)
+  scores_bskg = jnp.sum(q_bkgh[:, None] * k_bskh.astype(jnp.float32)[:, :, :, None, :],
+                        axis=-1) / jnp.sqrt(jnp.float32(h))
+  bad_bk = jnp.any(mask_bs11 & ~jnp.isfinite(scores_bskg), axis=(1, 3))
+  scores_bskg = jnp.where(mask_bs11, scores_bskg, _NEG_INF)
   row_max_b1kg = jnp.max(scores_bskg, axis=1, keepdims=True)
   row_max_b1kg = jnp.where(jnp.isfinite(row_max_b1kg), row_max_b1kg, 0.0)
   p_bskg = jnp.where(mask_bs11, jnp.exp(scores_bskg - jax.lax.stop_gradient(row_max_b1kg)),
                      0.0)
   denom_b1kg = jnp.sum(p_bskg, axis=1, keepdims=True)
   p_bskg = p_bskg / jnp.where(denom_b1kg > 0, denom_b1kg, 1.0)
-  o_bkgh = jnp.sum(p_bskg[..., None] * jnp.where(mask_bs11, v_bskh, 0.0)[:, :, :, None, :],
-                   axis=1)
-  # 0 where every seen key and value is finite, NaN where one is not (0 * inf is NaN).
-  bad_bk = jnp.sum(jnp.where(mask_bs11, (k_bskh + v_bskh) * 0.0, 0.0), axis=(1, 3))
-  o_bkgh = o_bkgh + bad_bk[:, :, None, None]
+  v_bskh = jnp.where(mask_bs11, v_bskh.astype(jnp.float32), 0.0)
+  o_bkgh = jnp.sum(p_bskg[..., None] * v_bskh[:, :, :, None, :], axis=1)
+  bad_bk |= jnp.any(~jnp.isfinite(o_bkgh), axis=(2, 3))
+  o_bkgh = jnp.where(bad_bk[:, :, None, None], jnp.nan, o_bkgh)
   return o_bkgh.reshape(b, t, n, h).astype(q_btnh.dtype)
 
 
