@@ -58,6 +58,9 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k (0: off).")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Top-p (1: off).")
 _CHUNK = flags.DEFINE_integer("prefill_chunk", 128, "Prefill chunk.")
+_PREFILL_ROWS = flags.DEFINE_integer(
+    "prefill_rows", 16, "config.rollout.prefill_rows: prompts prefilled per call (the "
+    "prompt store holds as many).")
 _STEPS_PER_CALL = flags.DEFINE_integer(
     "decode_steps_per_call", rollout_config.RolloutSpec.decode_steps_per_call,
     "config.rollout.decode_steps_per_call: decode steps per device call.")
@@ -187,8 +190,8 @@ def _rollout_config(batch: int):
   c.num_slots = batch
   c.max_len = capacity()
   c.prefill_chunk = min(_CHUNK.value, capacity())
-  c.prefill_rows = 1
-  c.prompt_store_rows = max(4, min(batch, 16))
+  c.prompt_store_rows = max(4, min(batch, _PREFILL_ROWS.value, 64))
+  c.prefill_rows = min(_PREFILL_ROWS.value, c.prompt_store_rows, batch)
   c.temperature, c.top_k, c.top_p = _TEMPERATURE.value, _TOP_K.value, _TOP_P.value
   c.group_size = 1
   c.max_turns = 1

@@ -18,7 +18,7 @@ Host side: this scheduler loop. Each iteration it
   4. runs one prefill call (up to `prefill_rows` rows, one chunk each);
   5. runs one decode call over every slot that has a token to feed: up to
      `decode_steps_per_call` steps on the device, until every slot has stopped
-     (one step while prefill work waits).
+     (one step while prefill work waits or a free slot could take a task).
 
 A slot whose turn ends (stop id or max_new_tokens_per_turn) pauses while its
 environment steps on a host thread; the other slots keep decoding. The
@@ -364,9 +364,10 @@ class RolloutEngine(TrajectoryTurns):
     t0, busy = time.perf_counter(), self._busy_slots()
     tokens, positions, seeds, forced, budget = device_batch.decode_inputs(rows, self.spec)
     params, version = self._current_params()
-    # Prefill work waiting for the device (a prompt, an observation) gets it after one
-    # step, as before the loop existed; otherwise the slots run on.
-    max_steps = 1 if self._prefill_queue else self.spec.decode_steps_per_call
+    # Work that could use the device soon (a prefill waiting, a free slot while tasks are
+    # left) gets it after one step, as before the loop existed; otherwise slots run on.
+    filling = any(a is None for a in self._slots) and (self._tasks_left or self._groups)
+    max_steps = 1 if self._prefill_queue or filling else self.spec.decode_steps_per_call
     self.cache, out = self.steps.decode(params, self.cache, tokens, positions, seeds, forced,
                                         self._cache_lengths, budget_b=budget,
                                         is_stop_v=self._is_stop_v, max_steps=max_steps)
