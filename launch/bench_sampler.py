@@ -62,7 +62,7 @@ _PREFILL_ROWS = flags.DEFINE_integer(
     "prefill_rows", 16, "config.rollout.prefill_rows: prompts prefilled per call (the "
     "prompt store holds as many).")
 _STEPS_PER_CALL = flags.DEFINE_integer(
-    "decode_steps_per_call", rollout_config.RolloutSpec.decode_steps_per_call,
+    "decode_steps_per_call", getattr(rollout_config.RolloutSpec, "decode_steps_per_call", 1),
     "config.rollout.decode_steps_per_call: decode steps per device call.")
 _MAX_LEN = flags.DEFINE_integer(
     "max_len", 0, "Cache capacity per slot (a multiple of 8); at least prompt + gen + 1. "
@@ -127,7 +127,7 @@ def model_spec() -> ModelSpec:
     moe = dict(num_dense_layers=0, moe=MoESpec(
         num_experts=_EXPERTS.value, num_experts_per_token=_TOP.value,
         d_ff_expert=_D_FF_EXPERT.value, num_shared_experts=0,
-        expert_matmul=_EXPERT_MATMUL.value))
+        **_known(MoESpec, expert_matmul=_EXPERT_MATMUL.value)))
   else:
     moe = dict(num_dense_layers=_LAYERS.value, moe=MoESpec(num_experts=0))
   return ModelSpec(vocab_size=_VOCAB.value, d_model=_D_MODEL.value, num_layers=_LAYERS.value,
@@ -136,6 +136,11 @@ def model_spec() -> ModelSpec:
                    max_seq_len=capacity(), qk_norm=True,
                    tie_embeddings=False, dtype="float32", param_dtype="float32",
                    scan_layers=_SCAN.value, **moe)
+
+
+def _known(cls, **fields) -> dict:
+  """The fields `cls` has: compare_samplers runs this script on an older checkout too."""
+  return {k: v for k, v in fields.items() if k in cls.__dataclass_fields__}
 
 
 def run_once(engine, batch: int, first_task: int) -> float:
@@ -161,7 +166,7 @@ def main(argv):
   try:
     compile_seconds = run_once(engine, batch, 0)  # Compiles every step shape.
     steps_before, decode_before = engine.stats.decode_steps, engine.stats.decode_s
-    calls_before = engine.stats.decode_calls
+    calls_before = getattr(engine.stats, "decode_calls", 0)
     split_before = {k: getattr(engine.stats, k) for k in _SPLIT}
     seconds = [run_once(engine, batch, (r + 1) * batch) for r in range(_REPEATS.value)]
     steps = engine.stats.decode_steps - steps_before
@@ -178,7 +183,8 @@ def main(argv):
       "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))),
       "moe": bool(_EXPERTS.value),
       "decode_steps_per_call": _STEPS_PER_CALL.value, "decode_calls_per_run": (
-          engine.stats.decode_calls - calls_before) / len(seconds), "scan_layers": _SCAN.value, "top_k": _TOP_K.value, "top_p": _TOP_P.value,
+          getattr(engine.stats, "decode_calls", 0) - calls_before) / len(seconds),
+      "scan_layers": _SCAN.value, "top_k": _TOP_K.value, "top_p": _TOP_P.value,
       "backend": jax.default_backend(),
       "seconds_split": split,
   }
@@ -196,7 +202,8 @@ def _rollout_config(batch: int):
   c.group_size = 1
   c.max_turns = 1
   c.max_new_tokens_per_turn = _GEN.value
-  c.decode_steps_per_call = _STEPS_PER_CALL.value
+  if "decode_steps_per_call" in c:  # An older checkout (compare_samplers' baseline) lacks it.
+    c.decode_steps_per_call = _STEPS_PER_CALL.value
   c.env_threads = 2
   return c
 
