@@ -195,41 +195,24 @@ def reset_sequences(cache: dict, reset_b) -> dict:
   return map_rows(reset_leaf, cache)
 
 
-def _map_full_buffers(fn, cache: dict, *others) -> dict:
-  """`fn(axis, buffer, *other buffers)` on every full (position-indexed) buffer, `axis` its
-  position axis; ring buffers and lengths are taken from the last tree given."""
-  def layer(axis, entry, *rest):
-    if "pos" in entry:  # A ring: its slots are not positions.
-      return (rest or (entry,))[-1]
-    return {key: fn(axis, x, *[r[key] for r in rest]) for key, x in entry.items()}
-  out = {"lengths": (others or (cache,))[-1]["lengths"],
-         "layers": tuple(layer(1, *entries) for entries in
-                         zip(cache["layers"], *[o["layers"] for o in others]))}
-  if STACK in cache:
-    out[STACK] = tuple(layer(2, *entries) for entries in
-                       zip(cache[STACK], *[o[STACK] for o in others]))
-  return out
-
-
 def head(cache: dict, length: int) -> dict:
   """The cache with its full buffers cut to their first `length` positions (a multiple of
   the block size; ring buffers and lengths whole): a call that writes and reads only
-  positions below `length` runs on it at the cost of its length, not the capacity."""
+  positions below `length` runs on it at the cost of its length, not the capacity;
+  `scatter_sequences` writes such rows back."""
   full = capacity(cache)
   if full is None or length >= full:
     return cache
-  return _map_full_buffers(
-      lambda axis, x: jax.lax.slice_in_dim(x, 0, x.shape[axis] * length // full, axis=axis),
-      cache)
 
-
-def put_head(cache: dict, part: dict) -> dict:
-  """`cache` updated with `part`, a `head` of it that a call has written."""
-  if capacity(part) == capacity(cache):
-    return part
-  return _map_full_buffers(
-      lambda axis, x, y: jax.lax.dynamic_update_slice_in_dim(x, y, 0, axis=axis),
-      cache, part)
+  def cut(axis, entry):  # `axis`: the position axis; a ring's slots are not positions.
+    if "pos" in entry:
+      return entry
+    return {key: jax.lax.slice_in_dim(x, 0, x.shape[axis] * length // full, axis=axis)
+            for key, x in entry.items()}
+  out = {"lengths": cache["lengths"], "layers": tuple(cut(1, e) for e in cache["layers"])}
+  if STACK in cache:
+    out[STACK] = tuple(cut(2, e) for e in cache[STACK])
+  return out
 
 
 def capacity(cache: dict) -> int | None:

@@ -2,6 +2,7 @@
 draws, stopped where the budgets and stop ids say, on a cache cut to a length bucket."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from agentic_rl.model import cache as cache_lib
@@ -87,7 +88,9 @@ def test_a_loop_whose_rows_all_stop_ends_early_and_a_capped_one_after_max_steps(
   assert int(out.steps) == 2 and list(np.asarray(out.drawn_b)) == [2, 2]
 
 
-def test_head_and_put_head_round_trip_every_layer_kind(tiny_model):
+def test_a_head_cuts_full_buffers_and_scatters_back_into_its_rows(tiny_model):
+  """Prefill's path: rows gathered from a head, written, scattered back: only the head's
+  positions of those rows change, every layer kind."""
   model, _ = tiny_model
   rng = np.random.default_rng(3)
   cache = jax.tree.map(lambda x: np.asarray(rng.integers(-1, 9, x.shape), x.dtype),
@@ -98,10 +101,13 @@ def test_head_and_put_head_round_trip_every_layer_kind(tiny_model):
     for key in full:
       want = full[key] if "pos" in full else full[key][:, :full[key].shape[1] * 16 // 64]
       np.testing.assert_array_equal(cut[key], want)
-  changed = jax.tree.map(lambda x: x + 1, part)
-  back = cache_lib.put_head(cache, changed)
+  rows = np.array([1])
+  changed = jax.tree.map(lambda x: x + 1, cache_lib.gather_sequences(part, rows))
+  back = jax.device_get(cache_lib.scatter_sequences(jax.tree.map(jnp.asarray, cache), rows,
+                                                    changed))
   for full, new, old in zip(back["layers"], changed["layers"], cache["layers"]):
     for key in full:
       n = new[key].shape[1]
-      np.testing.assert_array_equal(full[key][:, :n], new[key])
-      np.testing.assert_array_equal(full[key][:, n:], old[key][:, n:])
+      np.testing.assert_array_equal(full[key][1, :n], new[key][0])
+      np.testing.assert_array_equal(full[key][1, n:], old[key][1, n:])
+      np.testing.assert_array_equal(full[key][0], old[key][0])
