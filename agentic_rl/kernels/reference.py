@@ -74,13 +74,7 @@ def _one_query_attention(q_btnh, k_bskh, v_bskh, mask_bts):
   scores_bskg = jnp.sum(q_bkgh[:, None] * k_bskh.astype(jnp.float32)[:, :, :, None, :],
                         axis=-1) / jnp.sqrt(jnp.float32(h))
   bad_bk = jnp.any(mask_bs11 & ~jnp.isfinite(scores_bskg), axis=(1, 3))
-  scores_bskg = jnp.where(mask_bs11, scores_bskg, _NEG_INF)
-  row_max_b1kg = jnp.max(scores_bskg, axis=1, keepdims=True)
-  row_max_b1kg = jnp.where(jnp.isfinite(row_max_b1kg), row_max_b1kg, 0.0)
-  p_bskg = jnp.where(mask_bs11, jnp.exp(scores_bskg - jax.lax.stop_gradient(row_max_b1kg)),
-                     0.0)
-  denom_b1kg = jnp.sum(p_bskg, axis=1, keepdims=True)
-  p_bskg = p_bskg / jnp.where(denom_b1kg > 0, denom_b1kg, 1.0)
+  p_bskg = safe_softmax(scores_bskg, mask_bs11, axis=1)
   v_bskh = jnp.where(mask_bs11, v_bskh.astype(jnp.float32), 0.0)
   o_bkgh = jnp.sum(p_bskg[..., None] * v_bskh[:, :, :, None, :], axis=1)
   bad_bk |= jnp.any(~jnp.isfinite(o_bkgh), axis=(2, 3))
@@ -88,13 +82,13 @@ def _one_query_attention(q_btnh, k_bskh, v_bskh, mask_bts):
   return o_bkgh.reshape(b, t, n, h).astype(q_btnh.dtype)
 
 
-def safe_softmax(scores, mask):
-  """Softmax over the last axis restricted to `mask`; all-masked rows give zeros."""
+def safe_softmax(scores, mask, axis: int = -1):
+  """Softmax over `axis` restricted to `mask`; all-masked rows give zeros."""
   scores = jnp.where(mask, scores, _NEG_INF)
-  row_max = jnp.max(scores, axis=-1, keepdims=True)
+  row_max = jnp.max(scores, axis=axis, keepdims=True)
   row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
   p = jnp.where(mask, jnp.exp(scores - jax.lax.stop_gradient(row_max)), 0.0)
-  denom = jnp.sum(p, axis=-1, keepdims=True)
+  denom = jnp.sum(p, axis=axis, keepdims=True)
   return p / jnp.where(denom > 0, denom, 1.0)
 
 
