@@ -107,11 +107,10 @@ def _routed_swiglu(x_ad, w_gate_edf, w_up_edf, w_down_efd, group_sizes_e, *,
   if expert_matmul == "auto":
     expert_matmul = "grouped" if jax.default_backend() == "cpu" else "ragged_dot"
   args = (x_ad, w_gate_edf, w_up_edf, w_down_efd, group_sizes_e)
-  if expert_matmul == "ragged_dot" or group_bound(x_ad.shape[0], group_sizes_e.shape[0]) \
-      >= x_ad.shape[0]:
+  bound = group_bound(x_ad.shape[0], group_sizes_e.shape[0])
+  if expert_matmul == "ragged_dot" or bound >= x_ad.shape[0]:  # No rows to save.
     return _ragged_swiglu(*args)
-  fits = jnp.max(group_sizes_e) <= group_bound(x_ad.shape[0], group_sizes_e.shape[0])
-  return jax.lax.cond(fits, _grouped_swiglu, _ragged_swiglu, *args)
+  return jax.lax.cond(jnp.max(group_sizes_e) <= bound, _grouped_swiglu, _ragged_swiglu, *args)
 
 
 class MoEFeedForward(nn.Module):
