@@ -244,7 +244,14 @@ class DeviceSteps:
 
   def _forward_and_sample(self, params, cache, tokens_bt, positions_bt, seeds_b, forced_b):
     self.trace_counts["forward_and_sample"] += 1
-    logits_btv, cache, aux = self.model.forward(params, tokens_bt, positions_bt, cache)
+    return self._forward_and_draw(params, cache, tokens_bt, positions_bt, seeds_b, forced_b)
+
+  def _forward_and_draw(self, params, cache, tokens_bt, positions_bt, seeds_b, forced_b,
+                        kv_len=None):
+    """The forward on a chunk per row, then one draw after each row's last valid position:
+    the body of prefill and of every decode step."""
+    logits_btv, cache, aux = self.model.forward(params, tokens_bt, positions_bt, cache,
+                                                kv_len=kv_len)
     last_b = jnp.maximum(jnp.sum(positions_bt >= 0, axis=1) - 1, 0)
     last_logits_bv = jnp.take_along_axis(logits_btv, last_b[:, None, None], axis=1)[:, 0]
     last_pos_b = jnp.take_along_axis(positions_bt, last_b[:, None], axis=1)[:, 0]
@@ -259,12 +266,9 @@ class DeviceSteps:
     n = forced_bn.shape[1]
 
     def step(cache, tokens_b, positions_b, forced_b):
-      logits_btv, cache, aux = self.model.forward(params, tokens_b[:, None],
-                                                  positions_b[:, None], cache, kv_len=attend)
-      keys_b = sampling.trajectory_keys(seeds_b, positions_b + 1)
-      sampled = sampling.sample(logits_btv[:, 0], keys_b, self.sampling_params, forced_b)
-      return self._keep_sharded(cache), sampled, transformer.replay_from_aux(aux), \
-          overflow_counts(aux)
+      cache, out = self._forward_and_draw(params, cache, tokens_b[:, None],
+                                          positions_b[:, None], seeds_b, forced_b, attend)
+      return cache, out.sampled, out.replay, out.overflow
 
     shapes = jax.eval_shape(step, cache, tokens_b, positions_b, forced_bn[:, 0])[1:3]
     # Per-step outputs stacked over a leading step axis, written at step i.
