@@ -143,10 +143,10 @@ class StateIO:
       spec = model_config.validate(config.model)
       # Allowed to differ in scan_layers: restore the saved param tree, then convert.
       saved_scan = "scan_layers" in changed
-      like = self.place(layer_stack.unstack_layers_in(like, spec) if saved_scan and
-                        spec.scan_layers else like)
-      if saved_scan and not spec.scan_layers:
-        like = layer_stack.stack_layers_in(like, spec.replace(scan_layers=True))
+      if saved_scan:
+        like = layer_stack.stack_layers_in(layer_stack.unstack_layers_in(like, spec),
+                                           spec.replace(scan_layers=not spec.scan_layers))
+      like = self.place(like)
       # The source may or may not carry a KL reference (its run's kl_coef): try both.
       layouts = [{"train": like}]
       if like.ref_params is not None:
