@@ -71,8 +71,11 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed runs (the median is reporte
 _JSON = flags.DEFINE_bool("json", False, "Print only the JSON report.")
 
 
-# The engine's time buckets (RolloutStats), per timed run.
+# The engine's time buckets (RolloutStats), reported per timed run.
 _SPLIT = ("decode_s", "prefill_s", "host_s", "env_wait_s")
+# Every stat the report reads, counted over the timed runs (an older checkout, the
+# compare_samplers baseline, has no decode_calls: 0).
+_COUNTED = _SPLIT + ("decode_steps", "decode_calls")
 
 
 class BenchTokenizer:
@@ -165,28 +168,25 @@ def main(argv):
                                     BenchTokenizer(_VOCAB.value, _PROMPT.value), OneTurnEnv)
   try:
     compile_seconds = run_once(engine, batch, 0)  # Compiles every step shape.
-    steps_before, decode_before = engine.stats.decode_steps, engine.stats.decode_s
-    calls_before = getattr(engine.stats, "decode_calls", 0)
-    split_before = {k: getattr(engine.stats, k) for k in _SPLIT}
+    before = {k: getattr(engine.stats, k, 0) for k in _COUNTED}
     seconds = [run_once(engine, batch, (r + 1) * batch) for r in range(_REPEATS.value)]
-    steps = engine.stats.decode_steps - steps_before
-    decode_s = engine.stats.decode_s - decode_before
-    split = {k: (getattr(engine.stats, k) - split_before[k]) / len(seconds) for k in _SPLIT}
+    counted = {k: getattr(engine.stats, k, 0) - before[k] for k in _COUNTED}
   finally:
     engine.close()
   median = statistics.median(seconds)
   report = {
       "tokens_per_s": batch * _GEN.value / median, "batch": batch, "prompt": _PROMPT.value,
       "gen": _GEN.value, "max_len": capacity(), "seconds": median, "seconds_all": seconds,
-      "compile_seconds": compile_seconds, "ms_per_decode_step": 1e3 * decode_s / max(steps, 1),
-      "decode_steps_per_run": steps / len(seconds),
+      "compile_seconds": compile_seconds,
+      "ms_per_decode_step": 1e3 * counted["decode_s"] / max(counted["decode_steps"], 1),
+      "decode_steps_per_run": counted["decode_steps"] / len(seconds),
       "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))),
       "moe": bool(_EXPERTS.value),
-      "decode_steps_per_call": _STEPS_PER_CALL.value, "decode_calls_per_run": (
-          getattr(engine.stats, "decode_calls", 0) - calls_before) / len(seconds),
+      "decode_steps_per_call": _STEPS_PER_CALL.value,
+      "decode_calls_per_run": counted["decode_calls"] / len(seconds),
       "scan_layers": _SCAN.value, "top_k": _TOP_K.value, "top_p": _TOP_P.value,
       "backend": jax.default_backend(),
-      "seconds_split": split,
+      "seconds_split": {k: counted[k] / len(seconds) for k in _SPLIT},
   }
   print(json.dumps(report) if _JSON.value else json.dumps(report, indent=1))
 
