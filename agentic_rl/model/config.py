@@ -214,6 +214,9 @@ class ModelSpec:
   cache_dtype: str = "float32"  # bfloat16 makes a cheaper (route B) sampler cache.
   kernel_backend: str = "reference"  # "pallas" on TPU/GPU, or in interpret mode on CPU.
   remat: str = "none"  # Per-layer rematerialisation in the backward: REMAT_POLICIES.
+  # Vocabulary rows per chunk of the learner's read-out (log-probs, entropy, SFT loss): the
+  # [B, T, V] fp32 logits are never built (rl/chunked_logprobs.py). 0 = full logits at once.
+  readout_chunk: int = 256
   # One nn.scan over the repeating group of layers (`layer_scan`), so compile time stays
   # bounded in num_layers. Params sit under `layers/slot_j` with a leading repeat axis;
   # files on disk keep the unrolled layout (model/layer_stack.py converts).
@@ -244,6 +247,9 @@ class ModelSpec:
       one_of(getattr(self, name), name, DTYPES)
     one_of(self.kernel_backend, "kernel_backend", KERNEL_BACKENDS)
     one_of(self.remat, "remat", REMAT_POLICIES)
+    check(is_int(self.readout_chunk) and self.readout_chunk >= 0 and self.readout_chunk % 8 == 0,
+          "readout_chunk", self.readout_chunk,
+          "0 (full logits) or a positive multiple of 8 (whole bytes of the packed sampling mask)")
     expand_pattern(self.layer_pattern, self.num_layers)  # Bad letters fail here, not later.
     if self.scan_layers:
       kinds = ", ".join(f"{t}{'/moe' if m else ''}" for t, m in self.layer_kinds)

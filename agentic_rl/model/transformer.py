@@ -235,6 +235,7 @@ def _replay_by_slot(replay, scan) -> tuple[dict, ...]:
 class Transformer(nn.Module):
   spec: ModelSpec
   kv_len: int | None = None  # See Model.forward.
+  hidden: bool = False  # See Model.forward.
 
   @nn.compact
   def __call__(self, tokens_bt, positions_bt, cache=None, replay=None):
@@ -283,7 +284,9 @@ class Transformer(nn.Module):
           layer_aux[scan.layer(j, r)] = {k: v[r] for k, v in aux.items()}
     x_btd = nn.RMSNorm(epsilon=spec.norm_eps, dtype=spec.dtype, param_dtype=spec.param_dtype,
                        name="final_norm")(x_btd)
-    if spec.tie_embeddings:
+    if self.hidden:
+      logits_btv = jnp.where(bad_pos_bt[..., None], jnp.nan, x_btd)
+    elif spec.tie_embeddings:
       dtype = jnp.dtype(spec.dtype)
       logits_btv = jnp.einsum("btd,vd->btv", x_btd.astype(dtype), embed.embedding.astype(dtype),
                               preferred_element_type=jnp.float32)
@@ -291,7 +294,8 @@ class Transformer(nn.Module):
       logits_btv = nn.Dense(spec.vocab_size, use_bias=False, dtype=spec.dtype,
                             param_dtype=spec.param_dtype, dot_general=_dot_general_f32,
                             name="unembed")(x_btd)
-    logits_btv = jnp.where(bad_pos_bt[..., None], jnp.nan, logits_btv.astype(jnp.float32))
+    if not self.hidden:
+      logits_btv = jnp.where(bad_pos_bt[..., None], jnp.nan, logits_btv.astype(jnp.float32))
     aux = {"layers": tuple(layer_aux), "moe_aux_loss": moe_loss}
     if spec.value_head:
       # The critic shares the trunk: one linear read-out of the final hidden state.
@@ -329,13 +333,17 @@ class Model:
     return Transformer(spec).init(rng, tokens, positions)["params"]
 
   def forward(self, params, tokens_bt, positions_bt, cache=None, replay: Replay | None = None,
-              kv_len: int | None = None):
+              kv_len: int | None = None, hidden: bool = False):
     """See the module docstring. Concrete inputs are checked first (`check_inputs`);
     traced ones (under jit) are not, so a jitted caller pays nothing.
 
     kv_len (cached calls, static): attend over the cache's first kv_len positions only, a
     multiple of the block size that every fed position lies below; the cache is still
-    written in place. Decode cost then follows the context, not the capacity."""
+    written in place. Decode cost then follows the context, not the capacity.
+
+    hidden (static): return the final-normed hidden states x_btd in place of the logits
+    (NaN where the logits would be); logits = x_btd @ `readout_weights(params)`.T, which a
+    caller may compute one vocabulary chunk at a time (agentic_rl/rl/chunked_logprobs.py)."""
     if kv_len is not None:
       if cache is None or kv_len % self.spec.block_size:
         raise ValueError(f"kv_len={kv_len}: a cached call's multiple of block_size="
@@ -349,8 +357,16 @@ class Model:
                    capacity=position_capacity(self.spec, cache, np.shape(positions_bt)[-1],
                                               kv_len),
                    cached=cache is not None)
-    module = self.module if kv_len is None else Transformer(self.spec, kv_len)
+    module = self.module if kv_len is None and not hidden else Transformer(self.spec, kv_len,
+                                                                          hidden)
     return module.apply({"params": params}, tokens_bt, positions_bt, cache, replay)
+
+  def readout_weights(self, params) -> jax.Array:
+    """w_vd: the read-out, one row per vocabulary entry (the tied embedding, or the
+    transposed unembedding), in the params' dtype."""
+    if self.spec.tie_embeddings:
+      return params["embed"]["embedding"]
+    return params["unembed"]["kernel"].T
 
   def init_cache(self, batch_size: int, max_len: int | None = None) -> dict:
     return cache_lib.init_cache(self.spec, batch_size, max_len)

@@ -57,15 +57,13 @@ def check_replay_available(batch: Batch, spec: RLSpec, model_spec) -> None:
 
 def policy_outputs(model, params, batch: Batch, spec: RLSpec) -> dict[str, Any]:
   """Forward with replay; target-aligned 'logp_bt', 'entropy_bt', 'values_bt' (or None), 'aux'."""
-  _, _, aux = out = model.forward(params, batch.tokens_bt, batch.positions_bt, cache=None,
-                                  replay=learner_replay(batch, spec))
-  logits_btv = out[0]
   # A sampler that never truncates records all-True masks: replaying them changes nothing,
-  # so the [B, T, V] unpack is skipped.
+  # so the mask is not unpacked.
   replay_mask = spec.replay.sampling_mask and spec.sampling_truncated
   mask_w = batch.sampling_mask_btw if replay_mask else None
-  logp_bt, entropy_bt = logprobs_lib.token_logprobs(logits_btv, batch.tokens_bt,
-                                                    batch.temperature_b, mask_w)
+  logp_bt, entropy_bt, _, aux = logprobs_lib.scored_forward(
+      model, params, batch.tokens_bt, batch.positions_bt, batch.temperature_b, mask_w,
+      replay=learner_replay(batch, spec))
   values_bt = None
   if "values" in aux:
     values_bt = logprobs_lib.shift_to_targets(aux["values"])

@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from agentic_rl.parallel import placement
+from agentic_rl.rl import logprobs as logprobs_lib
 from agentic_rl.rl.train_step import TrainState
 from agentic_rl.rollout import engine as engine_lib
 from agentic_rl.rollout import teacher as teacher_lib
@@ -142,15 +143,16 @@ def demonstration_arrays(trajectories: Sequence[Trajectory | Demonstration], len
 def demonstration_losses(model, params, batch):
   """(mean NLL, token accuracy, moe aux loss) of next-token prediction on the loss-masked
   (the model's own) tokens of a padded demonstration batch."""
-  logits_btv, _, aux = model.forward(params, batch["tokens_bt"], batch["positions_bt"])
-  # Token t+1 is predicted at t; the loss counts tokens the model itself emits.
-  logp_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32))
-  targets = batch["tokens_bt"][:, 1:]
-  mask = batch["loss_mask_bt"][:, 1:]
-  nll = -jnp.take_along_axis(logp_btv, targets[..., None], axis=-1)[..., 0]
-  denom = jnp.maximum(mask.sum(), 1.0)
-  loss = (nll * mask).sum() / denom
-  accuracy = ((jnp.argmax(logp_btv, -1) == targets) * mask).sum() / denom
+  tokens_bt = batch["tokens_bt"]
+  ones_b = jnp.ones(tokens_bt.shape[:1], jnp.float32)
+  # Target aligned: [b, t] scores token t from position t - 1; column 0 scores nothing.
+  logp_bt, _, hit_bt, aux = logprobs_lib.scored_forward(model, params, tokens_bt,
+                                                        batch["positions_bt"], ones_b)
+  # The loss counts tokens the model itself emits.
+  mask_bt = batch["loss_mask_bt"].at[:, 0].set(0.0)
+  denom = jnp.maximum(mask_bt.sum(), 1.0)
+  loss = -(jnp.where(mask_bt > 0, logp_bt, 0.0)).sum() / denom
+  accuracy = (hit_bt * mask_bt).sum() / denom
   return loss, accuracy, aux["moe_aux_loss"]
 
 

@@ -25,6 +25,7 @@ DEFAULTS = {
             "dispatch": "dropless", "capacity_factor": 1.25, "expert_matmul": "auto"},
     "dtype": "float32", "param_dtype": "float32", "cache_dtype": "float32",
     "kernel_backend": "reference", "pallas_interpret": False, "remat": "none",
+    "readout_chunk": 256,
     "scan_layers": False,
 }
 
