@@ -130,9 +130,46 @@ def _finalize_metrics(sums, norms, grad_norm, finite, state, lr):
   return metrics
 
 
+def jit_donating_state(fn, *, donate: bool):
+  """`fn(state, *args) -> (state, out)` jitted; with `donate`, the state's buffers are
+  donated to the new state's (the caller's `state` is spent), all but the frozen
+  ref_params, which pass through undonated. A reference that shares buffers with the rest
+  of the state (taken from the params at RL's start) is copied once, on the first call,
+  and the new state carries the copy. `.lower(state, *args)` lowers it."""
+
+  def without_reference(core: TrainState, ref_params, *args):
+    new_state, out = fn(core.replace(ref_params=ref_params), *args)
+    return new_state.replace(ref_params=None), out
+
+  jitted = jax.jit(without_reference, donate_argnums=(0,) if donate else ())
+
+  def call(state: TrainState, *args):
+    core, ref = state.replace(ref_params=None), state.ref_params
+    if donate and ref is not None and _buffers(ref) & _buffers(core):
+      ref = jax.tree.map(jnp.copy, ref)
+    new_core, out = jitted(core, ref, *args)
+    return new_core.replace(ref_params=ref), out
+
+  call.lower = lambda state, *args: jitted.lower(state.replace(ref_params=None),
+                                                 state.ref_params, *args)
+  return call
+
+
+def _buffers(tree) -> set[int]:
+  """The device buffers a tree's arrays hold (two arrays may share one)."""
+  return {shard.data.unsafe_buffer_pointer() for x in jax.tree.leaves(tree)
+          for shard in x.addressable_shards}
+
+
 def make_update(model, spec: RLSpec, *, donate: bool = False):
   """A jitted `update(state, batch, adv_bt) -> (state, metrics)`: one optimiser update on
-  `batch`; adv_bt None computes the group advantages from `batch` itself."""
+  `batch`; adv_bt None computes the group advantages from `batch` itself. With `donate`
+  the state passed in is spent (jit_donating_state)."""
+  return jit_donating_state(_update_fn(model, spec), donate=donate)
+
+
+def _update_fn(model, spec: RLSpec):
+  """The update of make_update, not jitted."""
   optimizer = make_optimizer(spec)
   schedule = learning_rate_schedule(spec)
   m = spec.optim.num_micro_batches
@@ -190,7 +227,7 @@ def make_update(model, spec: RLSpec, *, donate: bool = False):
         skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32))
     return new_state, _finalize_metrics(sums, norms, grad_norm, finite, new_state, lr)
 
-  return jax.jit(update, donate_argnums=(0,) if donate else ())
+  return update
 
 
 def batch_advantages(spec: RLSpec, batch: Batch):
@@ -221,17 +258,19 @@ def _mean_metrics(per_update: list[dict]) -> dict:
 
 
 def make_train_step(model, spec: RLSpec, *, donate: bool = False):
-  """`train_step(state, batch) -> (state, metrics)` for `model` under `spec` (module doc)."""
-  update = make_update(model, spec, donate=donate)
+  """`train_step(state, batch) -> (state, metrics)` for `model` under `spec` (module doc).
+  With `donate` the state passed in is spent: its buffers become the new state's."""
   if spec.updates_per_step == 1:
+    update = make_update(model, spec, donate=donate)
     return lambda state, batch: update(state, batch, None)
+  update = _update_fn(model, spec)
 
   micro = spec.optim.num_micro_batches
   score_fn = jax.jit(lambda params, ref_params, batch: learner.with_old_policy(
       model, params, batch, spec, ref_params))
   advantages_fn = jax.jit(lambda batch: _step_advantages(spec, batch))
-  update_rows = jax.jit(lambda state, batch, adv_bt, rows: update(
-      state, _take_rows(batch, rows), _take_rows(adv_bt, rows)))
+  update_rows = jit_donating_state(lambda state, batch, adv_bt, rows: update(
+      state, _take_rows(batch, rows), _take_rows(adv_bt, rows)), donate=donate)
 
   def train_step(state: TrainState, batch: Batch):
     b, mb = batch.batch_size, spec.minibatches

@@ -157,7 +157,7 @@ class Routes:
     eval_engine = engine_lib.RolloutEngine(model, None, eval_spec, self.tokenizer,
                                            self.env_factory, mesh=self.sampler_mesh)
     return Route(name, config, model, rl_spec, rollout_spec, eval_spec,
-                 train_step_lib.make_train_step(model, rl_spec), engine, eval_engine,
+                 train_step_lib.make_train_step(model, rl_spec, donate=True), engine, eval_engine,
                  self.mesh, self.sampler_mesh)
 
   def close(self):

@@ -21,6 +21,7 @@ import optax
 
 from agentic_rl.parallel import placement
 from agentic_rl.rl import logprobs as logprobs_lib
+from agentic_rl.rl import train_step as train_step_lib
 from agentic_rl.rl.train_step import TrainState
 from agentic_rl.rollout import engine as engine_lib
 from agentic_rl.rollout import teacher as teacher_lib
@@ -162,15 +163,15 @@ def demonstration_scores(model, params, batch):
   return loss, accuracy
 
 
-def make_sft_step(model, optimizer: optax.GradientTransformation):
-  """A jitted `step(state, batch) -> (state, metrics)` of masked next-token cross-entropy."""
+def make_sft_step(model, optimizer: optax.GradientTransformation, *, donate: bool = False):
+  """A jitted `step(state, batch) -> (state, metrics)` of masked next-token cross-entropy.
+  With `donate` the state passed in is spent (train_step.jit_donating_state)."""
 
   def loss_fn(params, batch):
     loss, accuracy, moe_aux = demonstration_losses(model, params, batch)
     return loss + moe_aux, {"sft/loss": loss, "sft/token_accuracy": accuracy,
                             "sft/moe_aux_loss": moe_aux}
 
-  @jax.jit
   def step(state: TrainState, batch):
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
     grad_norm = optax.global_norm(grads)
@@ -183,7 +184,7 @@ def make_sft_step(model, optimizer: optax.GradientTransformation):
                               skipped_steps=state.skipped_steps + (~finite).astype(jnp.int32))
     return new_state, {**metrics, "sft/grad_norm": grad_norm}
 
-  return step
+  return train_step_lib.jit_donating_state(step, donate=donate)
 
 
 class PlateauStop:

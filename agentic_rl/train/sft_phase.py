@@ -30,7 +30,7 @@ def run_sft(ctx: RunContext, state: TrainState, run: RunState) -> TrainState:
     state = state.replace(opt_state=optimizer.init(state.params))
   state = ctx.state_io.place(state)
   arrays, length = _demonstration_arrays(ctx, route, state)
-  step_fn = sft_lib.make_sft_step(route.model, optimizer)
+  step_fn = sft_lib.make_sft_step(route.model, optimizer, donate=True)
   plateau = _plateau(ctx, route, length) if tc.sft_eval_every else None
   if plateau is not None:
     plateau.load_state_dict(run.sft_plateau)
