@@ -134,6 +134,8 @@ def _rl_step(ctx: RunContext, pool, state, run: RunState, num_steps: int
                                                            np.float64))),
             "rollout/generated_tokens": gen_tokens,
             "rollout/tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
+            # Every sampled episode, dropped groups included: the sampler's throughput.
+            "rollout/trajectories_per_s": len(outcome_rewards) / max(rollout_s, 1e-9),
             "rollout/mean_length": float(np.mean([t.length for t in trajs])),
             "rollout/solve_stderr": reporting.solve_stderr_by_task(numbers, outcome_rewards),
             "learner/seconds": learner_s,

@@ -84,6 +84,9 @@ def test_run_writes_summary_logs_and_checkpoints(uninterrupted):
     assert key in rl[0], key
   raw = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
   assert all(l["rollout/peak_kv_bytes"] > 0 for l in raw if "rollout/reward_mean" in l)
+  # Every sampled episode over the step's rollout seconds.
+  assert all(l["rollout/trajectories_per_s"] == pytest.approx(
+      l["rollout/episodes"] / l["rollout/seconds"]) for l in raw if "rollout/reward_mean" in l)
   assert os.listdir(os.path.join(workdir, "tensorboard"))
   assert "rl 3/3 | reward" in stdout and "summary" in stdout
   audit = subprocess.run([sys.executable, "-m", "launch.audit", "verify",
