@@ -111,6 +111,24 @@ def weighted_values(p_rl, mask_rl, v_lh, mode: str):
   return jnp.where(sees_bad_r1, jnp.nan, out_rh)
 
 
+def matmul_nn(a_rl, b_lh, mode: str):
+  """a_rl @ b_lh in float32 -> [R, H]."""
+  if mode == "dot":
+    return jax.lax.dot_general(a_rl, b_lh, (((1,), (0,)), ((), ())),
+                               precision=jax.lax.Precision.HIGHEST,
+                               preferred_element_type=jnp.float32)
+  return jnp.sum(a_rl[:, :, None] * b_lh[None, :, :], axis=1)
+
+
+def matmul_tn(a_rl, b_rh, mode: str):
+  """a_rl.T @ b_rh in float32 -> [L, H] (sums over the rows r)."""
+  if mode == "dot":
+    return jax.lax.dot_general(a_rl, b_rh, (((0,), (0,)), ((), ())),
+                               precision=jax.lax.Precision.HIGHEST,
+                               preferred_element_type=jnp.float32)
+  return jnp.sum(a_rl[:, :, None] * b_rh[:, None, :], axis=0)
+
+
 def softmax_init(rows: int, head_dim: int):
   """(acc [R, H], running max [R, 1], running denominator [R, 1])."""
   return (jnp.zeros((rows, head_dim), jnp.float32),

@@ -8,12 +8,12 @@ agentic_rl/kernels/dispatch.py hands to the model when config.model.kernel_backe
   block_sparse_impl='tpu_prefetch';
 - select_blocks: the reference op (top-k stays in XLA).
 
-Gradients: a pallas_call has no autodiff rule, so each op is a jax.custom_vjp
-whose forward runs the kernel and whose backward recomputes the *reference*
-op on the saved inputs and takes its VJP. Gradients are therefore exactly the
-reference gradients (dense O(T*S) memory in the backward pass); a Pallas
-backward kernel would replace that recomputation. Positions and block
-indices are integers and get no cotangent.
+Gradients: a pallas_call has no autodiff rule, so each op is a jax.custom_vjp.
+The flash ops (causal, sliding window) run Pallas backward kernels
+(pallas_flash._flash_bwd: dq per query tile, dk and dv per key tile, over the
+tile pairs the forward visits, O(T + S) memory). The block-sparse op's backward
+recomputes the *reference* op on the saved inputs and takes its VJP.
+Positions and block indices are integers and get no cotangent.
 """
 
 from __future__ import annotations
@@ -81,11 +81,6 @@ def make_ops(interpret: bool = False, *, platform: str | None = None,
                                         interpret=interpret, platform=platform,
                                         block_q_rows=block_q_rows, block_k=block_k)
 
-  def window_reference(q, k, v, q_pos, k_pos, window):
-    if window is None:
-      return reference.causal_attention(q, k, v, q_pos, k_pos)
-    return reference.sliding_window_attention(q, k, v, q_pos, k_pos, window=window)
-
   def sparse_kernel(q, k, v, blocks, q_pos, block_size):
     if block_sparse_impl == "tpu_prefetch":
       from agentic_rl.kernels import pallas_block_sparse_tpu  # Imports the TPU Pallas module.
@@ -98,7 +93,7 @@ def make_ops(interpret: bool = False, *, platform: str | None = None,
   def sparse_reference(q, k, v, blocks, q_pos, block_size):
     return reference.block_sparse_attention(q, k, v, blocks, q_pos, block_size=block_size)
 
-  windowed = with_reference_vjp(window_kernel, window_reference, num_static=1)
+  windowed = window_kernel  # Differentiable: the flash kernels' own backward.
   sparse = with_reference_vjp(sparse_kernel, sparse_reference, num_static=1)
 
   def causal_attention(q_btnh, k_bskh, v_bskh, q_pos_bt, k_pos_bs):
