@@ -11,7 +11,9 @@ agentic_rl/kernels/dispatch.py hands to the model when config.model.kernel_backe
 Gradients: a pallas_call has no autodiff rule, so each op is a jax.custom_vjp.
 The flash ops (causal, sliding window) run Pallas backward kernels
 (pallas_flash._flash_bwd: dq per query tile, dk and dv per key tile, over the
-tile pairs the forward visits, O(T + S) memory). The block-sparse op's backward
+tile pairs the forward visits, O(T + S) memory); the portable block-sparse op
+runs one too (pallas_block_sparse._sparse_bwd: dq and per-slot dk / dv shares
+per query, summed into the blocks in XLA). The TPU prefetch variant's backward
 recomputes the *reference* op on the saved inputs and takes its VJP.
 Positions and block indices are integers and get no cotangent.
 """
@@ -94,7 +96,10 @@ def make_ops(interpret: bool = False, *, platform: str | None = None,
     return reference.block_sparse_attention(q, k, v, blocks, q_pos, block_size=block_size)
 
   windowed = window_kernel  # Differentiable: the flash kernels' own backward.
-  sparse = with_reference_vjp(sparse_kernel, sparse_reference, num_static=1)
+  # The portable kernel has its own Pallas backward; the TPU prefetch variant recomputes
+  # the reference's VJP.
+  sparse = (with_reference_vjp(sparse_kernel, sparse_reference, num_static=1)
+            if block_sparse_impl == "tpu_prefetch" else sparse_kernel)
 
   def causal_attention(q_btnh, k_bskh, v_bskh, q_pos_bt, k_pos_bs):
     return windowed(q_btnh, k_bskh, v_bskh, q_pos_bt, k_pos_bs, None)
