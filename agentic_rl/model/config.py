@@ -46,7 +46,7 @@ EXPERT_MATMULS = ("auto", "ragged_dot", "grouped")
 S_GATES = ("sigmoid", "unit_sigmoid", "none")
 ROPE_SCALINGS = ("none", "llama3")
 DTYPES = ("float32", "bfloat16", "float16")
-KERNEL_BACKENDS = ("reference", "pallas")
+KERNEL_BACKENDS = ("reference", "pallas", "auto")
 # What the backward recomputes (jax.checkpoint per layer): nothing; everything but each
 # layer's input; everything but the matmul outputs (jax's dots_with_no_batch_dims_saveable).
 REMAT_POLICIES = ("none", "full", "save_dots")
@@ -212,7 +212,9 @@ class ModelSpec:
   dtype: str = "float32"  # Compute dtype.
   param_dtype: str = "float32"
   cache_dtype: str = "float32"  # bfloat16 makes a cheaper (route B) sampler cache.
-  kernel_backend: str = "reference"  # "pallas" on TPU/GPU, or in interpret mode on CPU.
+  # "pallas" on TPU/GPU, or in interpret mode on CPU; "auto": Pallas on TPU/GPU, else the
+  # reference (kernels/dispatch.py).
+  kernel_backend: str = "reference"
   remat: str = "none"  # Per-layer rematerialisation in the backward: REMAT_POLICIES.
   # Vocabulary rows per chunk of the learner's read-out (log-probs, entropy, SFT loss): the
   # [B, T, V] fp32 logits are never built (rl/chunked_logprobs.py). 0 = full logits at once.
