@@ -74,7 +74,8 @@ def rollouts_and_step(route, tasks):
   batch = to_batch(trajs, length=sft_lib.padded_length(longest, route.rollout_spec.max_len))
   rows = placement.place_rows(route.mesh, batch)
   with jax.set_mesh(route.mesh):
-    stepped, metrics = route.train_step(state, rows)
+    # The route's step donates its state: step a copy, keep this one to compare.
+    stepped, metrics = route.train_step(jax.tree.map(lambda x: x.copy(), state), rows)
   return state, trajs, stepped, jax.device_get(metrics), rows
 
 
