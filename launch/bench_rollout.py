@@ -199,6 +199,7 @@ def main(argv):
   warm = engine_lib.RolloutEngine(model, params, rspec, tokenizer, env_factory,
                                   teacher_factory=teacher_factory)
   warm.run(tasks[:1])
+  warm.warm_up()  # Every cache-length bucket, as the RL loop compiles before its clock.
   warm.close()
   compiled = warm.compiled_step_count()
   engine = engine_lib.RolloutEngine(model, params, rspec, tokenizer, env_factory,

@@ -192,6 +192,37 @@ class DeviceSteps:
       length *= 2
     return None if length >= capacity else length
 
+  def attend_lengths(self, cache) -> list[int | None]:
+    """Every length `attend_length` can pick for `cache`."""
+    capacity = cache_lib.capacity(cache)
+    lengths, length = [], self.model.spec.block_size
+    while capacity is not None and length < capacity:
+      lengths.append(length)
+      length *= 2
+    return lengths + [None]
+
+  def warm_up(self, params, cache, *, prefill_rows: int, decode_steps: int | None = None):
+    """Runs every shape of call a run can make on `cache` once, each row sitting out
+    (positions -1: nothing written, nothing drawn): a prefill of `prefill_rows` rows and,
+    with `decode_steps`, a decode of that many steps per call, at every attend length. The
+    compiles happen here, not mid-run. Returns the cache (donated through, unchanged)."""
+    rows = int(cache["lengths"].shape[0])
+    rows_p = np.arange(prefill_rows, dtype=np.int32) % max(rows, 1)
+    tokens_pc = np.zeros((prefill_rows, self.chunk), np.int32)
+    positions_pc = np.full((prefill_rows, self.chunk), -1, np.int32)
+    seeds_p, forced_p = np.zeros(prefill_rows, np.uint32), np.full(prefill_rows, -1, np.int32)
+    for attend in self.attend_lengths(cache):
+      sub = self.gather_rows(cache, rows_p, attend=attend)
+      sub, _ = self.forward_and_sample(params, sub, tokens_pc, positions_pc, seeds_p, forced_p)
+      cache = self.scatter_rows(cache, rows_p, sub)
+      if decode_steps:
+        cache, _ = self.decode_loop(
+            params, cache, np.zeros(rows, np.int32), np.full(rows, -1, np.int32),
+            np.zeros(rows, np.uint32), np.full((rows, decode_steps), -1, np.int32),
+            np.zeros(rows, np.int32), np.zeros(self.model.spec.vocab_size, bool), np.int32(0),
+            attend=attend)
+    return cache
+
   def prefill(self, params, cache, rows_p, tokens_pc, positions_pc, seeds_p, forced_p,
               lengths_p=None):
     """Appends one chunk to each of the distinct rows `rows_p`; all -1 rows sit out.

@@ -194,6 +194,19 @@ class RolloutEngine(TrajectoryTurns):
   def close(self) -> None:
     self._pool.shutdown(wait=True)
 
+  def warm_up(self) -> int:
+    """Compiles every step a run can ask for now (prefill into the slots and the prompt
+    store, decode, at every cache length bucket), so none compiles mid-run; needs params
+    (set_params). Returns the compilations it made."""
+    params, _ = self._current_params()
+    if params is None:
+      raise ValueError("warm_up needs params: call set_params first.")
+    before = self.steps.num_traces
+    self.cache = self.steps.warm_up(params, self.cache, prefill_rows=self.spec.prefill_rows,
+                                    decode_steps=self.spec.decode_steps_per_call)
+    self.store = self.steps.warm_up(params, self.store, prefill_rows=self.spec.prefill_rows)
+    return self.steps.num_traces - before
+
   def compiled_step_count(self) -> int:
     """Traces of the jitted steps so far (each trace is one compilation)."""
     return self.steps.num_traces

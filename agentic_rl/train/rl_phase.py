@@ -48,6 +48,14 @@ def run_rl(ctx: RunContext, state: TrainState, run: RunState) -> TrainState:
   num_steps = int(ctx.config.rl.num_steps)
   state = ctx.state_io.place(state)
   _score_start(ctx, state, run)
+  if run.rl_step < num_steps:
+    # Every cache-length bucket compiles now, before the RL clock, not inside a step.
+    route = ctx.routes.for_step(run.rl_step)
+    params = route.adopt(state, ctx.config.seed).params  # The route's layout (a critic).
+    route.engine.set_params(route.sampler_params(params), run.rl_step)
+    t0 = time.time()
+    compiled = route.engine.warm_up()
+    ctx.say(f"rollout steps compiled in {time.time() - t0:.1f}s ({compiled} programs)")
   pool = _task_pool(ctx, run)
   run_start, steps_done = time.time(), 0
   while run.rl_step < num_steps and not ctx.stop.is_set():

@@ -240,6 +240,31 @@ def test_compiles_are_bounded_by_the_length_buckets(tiny_model, tokenizer):
   assert counts["fork"] == warm["fork"] and counts["reset_rows"] == warm["reset_rows"]
 
 
+def test_warm_up_compiles_every_bucket_and_changes_no_trajectory(tiny_model, tokenizer):
+  """After warm_up a run compiles no prefill or decode step (only the one-off fork and row
+  reset), and samples exactly what an engine that was not warmed samples."""
+  warm_steps = DeviceSteps(tiny_model[0], sampling.SamplingParams(**SAMPLED), CHUNK)
+  engine = make_engine(tiny_model, tokenizer, warm_steps, CountdownEnv, max_len=256)
+  assert engine.warm_up() > 0
+  # block_size 4 up to 256: 6 buckets and the whole capacity.
+  assert warm_steps.trace_counts["decode_loop"] == 7
+  before = dict(warm_steps.trace_counts)
+  got = engine.run(TASKS)
+  engine.close()
+  steps_kinds = ("decode_loop", "gather_rows", "forward_and_sample", "scatter_rows")
+  assert {k: warm_steps.trace_counts[k] for k in steps_kinds} == {k: before[k]
+                                                                  for k in steps_kinds}
+  cold = make_engine(tiny_model, tokenizer,
+                     DeviceSteps(tiny_model[0], sampling.SamplingParams(**SAMPLED), CHUNK),
+                     CountdownEnv, max_len=256)
+  want = cold.run(TASKS)
+  cold.close()
+  order = lambda trajs: sorted(trajs, key=lambda t: (t.group_id, t.member))
+  for a, b in zip(order(got), order(want)):
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.sampler_logp, b.sampler_logp)
+
+
 def test_policy_version_is_recorded_per_token(tiny_model, tokenizer, sampled_steps):
   model, params = tiny_model
   engine = make_engine(tiny_model, tokenizer, sampled_steps, CountdownEnv)
