@@ -62,13 +62,9 @@ def _block_sparse_kernel(blocks_ref, q_ref, qpos_ref, k_ref, v_ref, o_ref, *lse_
 
   acc_rh, m_r1, l_r1 = jax.lax.fori_loop(0, num_slots, slot, pc.softmax_init(rows, head_dim))
   o_ref[...] = pc.softmax_finish(acc_rh, l_r1).astype(o_ref.dtype)
-  if lse_ref:  # A row that saw no key has no probabilities to recompute: 0, unused.
-    seen = l_r1 > 0
-    lse_ref[0][...] = jnp.where(seen, m_r1 + jnp.log(jnp.where(seen, l_r1, 1.0)), 0.0)
+  if lse_ref:
+    lse_ref[0][...] = pc.log_normaliser(m_r1, l_r1)
 
-
-def _finite(x):
-  return jnp.where(jnp.abs(x) < jnp.inf, x, 0.0)
 
 
 def _block_sparse_bwd_kernel(blocks_ref, q_ref, do_ref, lse_ref, delta_ref, qpos_ref, k_ref,
@@ -94,13 +90,13 @@ def _block_sparse_bwd_kernel(blocks_ref, q_ref, do_ref, lse_ref, delta_ref, qpos
                                (rows, block_size))
     scores_rl = pc.scores(q_rh, k_lh, mode) * scale
     p_rl = jnp.where(mask_rl, jnp.exp(scores_rl - lse_r1), 0.0)
-    dp_rl = pc.scores(do_rh, _finite(v_lh), mode)
+    dp_rl = pc.scores(do_rh, pc.finite_or_zero(v_lh), mode)
     ds_rl = jnp.where(mask_rl, p_rl * (dp_rl - delta_r1), 0.0)
     dk_ref[j] = jnp.where(blk >= 0, pc.matmul_tn(ds_rl, q_rh, mode) * scale,
                           zeros_lh).astype(dk_ref.dtype)
     dv_ref[j] = jnp.where(blk >= 0, pc.matmul_tn(p_rl, do_rh, mode),
                           zeros_lh).astype(dv_ref.dtype)
-    return dq_rh + pc.matmul_nn(ds_rl, _finite(k_lh), mode) * scale
+    return dq_rh + pc.matmul_nn(ds_rl, pc.finite_or_zero(k_lh), mode) * scale
 
   dq_rh = jax.lax.fori_loop(0, num_slots, slot, jnp.zeros((rows, head_dim), jnp.float32))
   dq_ref[...] = dq_rh.astype(dq_ref.dtype)
@@ -172,6 +168,16 @@ def _prepare(statics, q_btnh, k_bskh, v_bskh, blocks_bktj, q_pos_bt):
   return platform, layout, mode, qpos_btg1, blocks_bkt1j
 
 
+def _specs(layout: BlockLayout, block_size: int):
+  """(the K / V slab's BlockSpec, a query row block's BlockSpec of a given width) on the
+  (batch, kv head, query position) grid."""
+  kv_spec = pl.BlockSpec((None, None, layout.num_blocks, block_size, layout.hp),
+                         lambda i, j, r: (i, j, 0, 0, 0))
+  row_spec = lambda width: pl.BlockSpec((None, None, None, layout.gp, width),
+                                        lambda i, j, r: (i, j, r, 0, 0))
+  return kv_spec, row_spec
+
+
 def _forward_call(statics, q_btnh, k_bskh, v_bskh, blocks_bktj, q_pos_bt, *, with_lse):
   """(o_bktgh, lse_bktg1 or None) in the grouped, padded layout."""
   block_size, interpret = statics[:2]
@@ -180,13 +186,10 @@ def _forward_call(statics, q_btnh, k_bskh, v_bskh, blocks_bktj, q_pos_bt, *, wit
   b, t, _, h = q_btnh.shape
   num_kv_heads = k_bskh.shape[2]
   num_slots = blocks_bktj.shape[-1]
-  gp, hp, num_blocks = layout.gp, layout.hp, layout.num_blocks
+  gp, hp = layout.gp, layout.hp
   kernel = functools.partial(_block_sparse_kernel, block_size=block_size,
                              scale=1.0 / math.sqrt(h), mode=mode)
-  kv_spec = pl.BlockSpec((None, None, num_blocks, block_size, hp),
-                         lambda i, j, r: (i, j, 0, 0, 0))
-  row_spec = lambda width: pl.BlockSpec((None, None, None, gp, width),
-                                        lambda i, j, r: (i, j, r, 0, 0))
+  kv_spec, row_spec = _specs(layout, block_size)
   out_specs = [row_spec(hp)]
   out_shape = [jax.ShapeDtypeStruct((b, num_kv_heads, t, gp, hp), q_btnh.dtype)]
   if with_lse:
@@ -245,10 +248,7 @@ def _sparse_bwd(statics, residuals, do_btnh):
                         keepdims=True)
   kernel = functools.partial(_block_sparse_bwd_kernel, block_size=block_size,
                              scale=1.0 / math.sqrt(h), mode=mode)
-  kv_spec = pl.BlockSpec((None, None, num_blocks, block_size, hp),
-                         lambda i, j, r: (i, j, 0, 0, 0))
-  row_spec = lambda width: pl.BlockSpec((None, None, None, gp, width),
-                                        lambda i, j, r: (i, j, r, 0, 0))
+  kv_spec, row_spec = _specs(layout, block_size)
   share_spec = pl.BlockSpec((None, None, None, num_slots, block_size, hp),
                             lambda i, j, r: (i, j, r, 0, 0, 0))
   share_shape = (b, num_kv_heads, t, num_slots, block_size, hp)

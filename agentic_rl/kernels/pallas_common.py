@@ -153,6 +153,19 @@ def softmax_step(carry, scores_rl, mask_rl, v_lh, mode: str):
   return acc_new, m_new, l_new
 
 
+def finite_or_zero(x):
+  """Non-finite entries (stale or padded cache slots) zeroed: a product with them must not
+  turn a masked-out zero weight into NaN (backward kernels)."""
+  return jnp.where(jnp.abs(x) < jnp.inf, x, 0.0)
+
+
+def log_normaliser(m_r1, l_r1):
+  """log sum exp of each row's scores from the online softmax's (max, sum); 0 for a row
+  that saw no key (it has no probabilities to recompute)."""
+  seen = l_r1 > 0
+  return jnp.where(seen, m_r1 + jnp.log(jnp.where(seen, l_r1, 1.0)), 0.0)
+
+
 def softmax_finish(acc_rh, l_r1):
   """Normalised output; rows that saw no key are exactly zero."""
   seen = l_r1 > 0

@@ -70,15 +70,9 @@ def _flash_kernel(count_ref, visit_ref, q_ref, qpos_ref, k_ref, v_ref, kpos_ref,
   acc_rh, m_r1, l_r1 = jax.lax.fori_loop(0, count_ref[0, 0], visit,
                                          pc.softmax_init(rows, head_dim))
   o_ref[...] = pc.softmax_finish(acc_rh, l_r1).astype(o_ref.dtype)
-  if lse_ref:  # A row that saw no key has no probabilities to recompute: 0, unused.
-    seen = l_r1 > 0
-    lse_ref[0][...] = jnp.where(seen, m_r1 + jnp.log(jnp.where(seen, l_r1, 1.0)), 0.0)
+  if lse_ref:
+    lse_ref[0][...] = pc.log_normaliser(m_r1, l_r1)
 
-
-def _finite(x):
-  """Non-finite entries (stale or padded cache slots) zeroed: a product with them must not
-  turn a masked-out zero weight into NaN."""
-  return jnp.where(jnp.abs(x) < jnp.inf, x, 0.0)
 
 
 def _probabilities(q_rh, k_lh, lse_r1, mask_rl, scale, mode):
@@ -89,7 +83,7 @@ def _probabilities(q_rh, k_lh, lse_r1, mask_rl, scale, mode):
 
 def _score_grads(p_rl, do_rh, v_lh, delta_r1, mask_rl, mode):
   """d(scores) = p * (dO.v - delta), delta = rowsum(dO * O); 0 off the mask."""
-  dp_rl = pc.scores(do_rh, _finite(v_lh), mode)
+  dp_rl = pc.scores(do_rh, pc.finite_or_zero(v_lh), mode)
   return jnp.where(mask_rl, p_rl * (dp_rl - delta_r1), 0.0)
 
 
@@ -109,7 +103,7 @@ def _flash_dq_kernel(count_ref, visit_ref, q_ref, do_ref, lse_ref, delta_ref, qp
     p_rl = _probabilities(q_rh, k_lh, lse_r1, mask_rl, scale, mode)
     ds_rl = _score_grads(p_rl, do_rh, v_ref[tile].astype(jnp.float32), delta_r1, mask_rl,
                          mode)
-    return dq_rh + pc.matmul_nn(ds_rl, _finite(k_lh), mode) * scale
+    return dq_rh + pc.matmul_nn(ds_rl, pc.finite_or_zero(k_lh), mode) * scale
 
   dq_rh = jax.lax.fori_loop(0, count_ref[0, 0], visit,
                             jnp.zeros((rows, head_dim), jnp.float32))
@@ -135,8 +129,8 @@ def _flash_dkdv_kernel(count_ref, visit_ref, q_ref, do_ref, lse_ref, delta_ref, 
     mask_rl = _visible(qpos_ref[tile], kpos_1l, window)
     p_rl = _probabilities(q_rh, k_lh, lse_ref[tile], mask_rl, scale, mode)
     ds_rl = _score_grads(p_rl, do_rh, v_lh, delta_ref[tile], mask_rl, mode)
-    return (dk_lh + pc.matmul_tn(ds_rl, _finite(q_rh), mode) * scale,
-            dv_lh + pc.matmul_tn(p_rl, _finite(do_rh), mode))
+    return (dk_lh + pc.matmul_tn(ds_rl, pc.finite_or_zero(q_rh), mode) * scale,
+            dv_lh + pc.matmul_tn(p_rl, pc.finite_or_zero(do_rh), mode))
 
   zeros = jnp.zeros((tk, head_dim), jnp.float32)
   dk_lh, dv_lh = jax.lax.fori_loop(0, count_ref[0, 0], visit, (zeros, zeros))
