@@ -41,17 +41,17 @@ _JSON = flags.DEFINE_bool("json", False, "Print only the JSON report.")
 
 
 def _timed(fn, args, repeats):
-  """(compile seconds, median ms) of jitted `fn` on `args`."""
+  """(compile seconds, median ms, output) of jitted `fn` on `args`."""
   jitted = jax.jit(fn)
   t0 = time.perf_counter()
-  jax.block_until_ready(jitted(*args))
+  out = jax.block_until_ready(jitted(*args))
   compile_s = time.perf_counter() - t0
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
     jax.block_until_ready(jitted(*args))
     times.append((time.perf_counter() - t0) * 1e3)
-  return compile_s, statistics.median(times), jitted(*args)
+  return compile_s, statistics.median(times), out
 
 
 def _cases(b, t, n, kv, h, window, block_size, topk):

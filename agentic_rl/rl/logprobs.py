@@ -51,7 +51,13 @@ def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array, temperature_b: j
     renormalised distribution. An all-zero row means "no mask" (tokens the
     sampler did not draw). A drawn token outside its own mask gets -inf.
   """
-  scaled_btv = _scaled_logits(logits_btv, temperature_b, sampling_mask_btw)
+  logp_b_tm1, entropy_b_tm1 = _target_scores(
+      _scaled_logits(logits_btv, temperature_b, sampling_mask_btw), tokens_bt)
+  return prepend_zero_column(logp_b_tm1), prepend_zero_column(entropy_b_tm1)
+
+
+def _target_scores(scaled_btv, tokens_bt):
+  """(logp, entropy) [B, T-1] of tokens 1..T-1 from `_scaled_logits`."""
   logp_btv = jax.nn.log_softmax(scaled_btv, axis=-1)
   target_logp_bt = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
   probs_btv = jnp.exp(logp_btv)
@@ -59,8 +65,7 @@ def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array, temperature_b: j
   # -inf out of the product, so its gradient is 0 there too (an outer where alone still
   # back-propagates 0 * -inf = NaN into every logit of the row).
   finite_logp_btv = jnp.where(probs_btv > 0, logp_btv, 0.0)
-  entropy_bt = -jnp.sum(probs_btv * finite_logp_btv, axis=-1)
-  return prepend_zero_column(target_logp_bt), prepend_zero_column(entropy_bt)
+  return target_logp_bt, -jnp.sum(probs_btv * finite_logp_btv, axis=-1)
 
 
 def scored_forward(model, params, tokens_bt, positions_bt, temperature_b,
@@ -71,11 +76,10 @@ def scored_forward(model, params, tokens_bt, positions_bt, temperature_b,
   chunk = model.spec.readout_chunk
   if chunk == 0:
     logits_btv, _, aux = model.forward(params, tokens_bt, positions_bt, replay=replay)
-    logp_bt, entropy_bt = token_logprobs(logits_btv, tokens_bt, temperature_b,
-                                         sampling_mask_btw)
     scaled_btv = _scaled_logits(logits_btv, temperature_b, sampling_mask_btw)
-    hit_b_tm1 = jnp.argmax(scaled_btv, axis=-1) == tokens_bt[:, 1:]
-    return logp_bt, entropy_bt, prepend_zero_column(hit_b_tm1.astype(jnp.float32)), aux
+    hit_b_tm1 = (jnp.argmax(scaled_btv, axis=-1) == tokens_bt[:, 1:]).astype(jnp.float32)
+    stats = (*_target_scores(scaled_btv, tokens_bt), hit_b_tm1)
+    return (*(prepend_zero_column(x) for x in stats), aux)
   h_btd, _, aux = model.forward(params, tokens_bt, positions_bt, replay=replay, hidden=True)
   mask_w = None if sampling_mask_btw is None else sampling_mask_btw[:, 1:]
   if mask_w is not None and mask_w.dtype != jnp.uint8:

@@ -51,8 +51,9 @@ def run_rl(ctx: RunContext, state: TrainState, run: RunState) -> TrainState:
   if run.rl_step < num_steps:
     # Every cache-length bucket compiles now, before the RL clock, not inside a step.
     route = ctx.routes.for_step(run.rl_step)
-    params = route.adopt(state, ctx.config.seed).params  # The route's layout (a critic).
-    route.engine.set_params(route.sampler_params(params), run.rl_step)
+    # In the route's layout (a critic), as the step would adopt it; the step's is a no-op.
+    state = ctx.state_io.place(route.adopt(state, ctx.config.seed))
+    route.engine.set_params(route.sampler_params(state.params), run.rl_step)
     t0 = time.time()
     compiled = route.engine.warm_up()
     ctx.say(f"rollout steps compiled in {time.time() - t0:.1f}s ({compiled} programs)")
