@@ -37,6 +37,9 @@ def get_config() -> ml_collections.ConfigDict:
   rl.loss.aggregation = "sequence"
   rl.loss.kl_coef = 0.1  # To the base: holds the tool-call format while the repairs move.
   rl.objective.clip_low = 0.1  # A confident token's probability falls at most 10% a batch.
+  # The sampler's log-probs are the ratio's denominator: they match the learner's to k3 ~
+  # 4e-10 here (routing, blocks and masks replayed), so no forward rescores the batch.
+  rl.objective.old_logp_source = "sampler"
   rl.optim.learning_rate = 1e-3
   rl.optim.warmup_steps = 2
   rl.optim.decay_steps = 0  # The cosine spans the RL phase (rl.num_steps).

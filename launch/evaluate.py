@@ -17,6 +17,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from launch import compilation_cache
 from launch import config_flag
 
 _CONFIG = config_flag.define_config("configs/quickstart.py", "Config file.")
@@ -28,6 +29,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Where the audit log goes.", req
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  compilation_cache.enable()  # Reruns, resumes and seeds load programs from disk.
   from agentic_rl.train.trainer import Trainer  # After flag parsing: --help stays fast.
   trainer = Trainer(_CONFIG.value, _WORKDIR.value)
   try:

@@ -22,6 +22,7 @@ from absl import flags
 from absl import logging
 
 from agentic_rl.train import params_file
+from launch import compilation_cache
 from launch import config_flag
 
 _CONFIG = config_flag.define_config("configs/sft_base.py",
@@ -37,6 +38,7 @@ _MAX_MB = flags.DEFINE_float("max_mb", 32.0, "Refuse to write a params file abov
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  compilation_cache.enable()  # Reruns, resumes and seeds load programs from disk.
   summary_path = os.path.join(_WORKDIR.value, "summary.json")
   if not os.path.exists(summary_path):
     raise app.UsageError(f"{summary_path} does not exist: is the run finished?")

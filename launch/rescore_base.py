@@ -19,6 +19,7 @@ from absl import logging
 
 from agentic_rl import resources
 from agentic_rl.train import params_file
+from launch import compilation_cache
 from launch import config_flag
 
 _CONFIG = config_flag.define_config("configs/sft_base.py", "Config file.")
@@ -32,6 +33,7 @@ _REASON = flags.DEFINE_string("reason", None, "Why the scores changed (recorded)
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  compilation_cache.enable()  # Reruns, resumes and seeds load programs from disk.
   from agentic_rl.train.evaluation import base_json_scores  # After flag parsing: --help
   from agentic_rl.train.trainer import Trainer  # stays fast.
   base_dir = resources.resolve(_BASE.value)  # `configs/assets/...` names the shipped base.

@@ -10,6 +10,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from launch import compilation_cache
 from launch import config_flag
 
 _CONFIG = config_flag.define_config("configs/quickstart.py", "Config file.")
@@ -20,6 +21,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, logs and summary.j
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # Orbax logs every file it writes at INFO.
+  compilation_cache.enable()  # Reruns, resumes and seeds load programs from disk.
   from agentic_rl.train.trainer import Trainer  # After flag parsing: --help stays fast.
   Trainer(_CONFIG.value, _WORKDIR.value).run()
 

@@ -33,7 +33,8 @@ def check_chunk(chunk: int) -> None:
 
 def token_stats(h_btd: jax.Array, w_vd: jax.Array, targets_bt: jax.Array,
                 temperature_b: jax.Array, sampling_mask_btw: jax.Array | None = None, *,
-                chunk: int, dtype=jnp.float32) -> tuple[jax.Array, jax.Array, jax.Array]:
+                chunk: int, dtype=jnp.float32, entropy_grad: bool = True
+                ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(logp_bt, entropy_bt, hit_bt) of `targets_bt` under softmax(h_btd @ w_vd.T / temperature).
 
   h_btd: the hidden states that score the targets (already position-aligned with them).
@@ -41,6 +42,8 @@ def token_stats(h_btd: jax.Array, w_vd: jax.Array, targets_bt: jax.Array,
     unembedding). The matmul runs in `dtype` and accumulates in fp32, as the model's.
   sampling_mask_btw: packed uint8 support per position, or None.
   hit_bt: 1.0 where the target is the first argmax of its logits (no gradient).
+  entropy_grad: False when nothing differentiates the entropy (a loss with entropy_coef 0):
+    the backward then skips its term instead of multiplying it by a zero cotangent.
   """
   check_chunk(chunk)
   vocab = w_vd.shape[0]
@@ -51,8 +54,12 @@ def token_stats(h_btd: jax.Array, w_vd: jax.Array, targets_bt: jax.Array,
       raise ValueError(f"sampling_mask_btw has {sampling_mask_btw.shape[-1]} bytes per row; "
                        f"a vocabulary of {vocab} needs "
                        f"{sampling_mask_lib.packed_width(vocab)}.")
-  return _token_stats(chunk, jnp.dtype(dtype).name, h_btd, w_vd, targets_bt,
-                      temperature_b.astype(jnp.float32), sampling_mask_btw)
+  logp_bt, entropy_bt, hit_bt = _token_stats(
+      chunk, jnp.dtype(dtype).name, bool(entropy_grad), h_btd, w_vd, targets_bt,
+      temperature_b.astype(jnp.float32), sampling_mask_btw)
+  if not entropy_grad:  # Said, not only skipped: a caller differentiating it gets 0.
+    entropy_bt = jax.lax.stop_gradient(entropy_bt)
+  return logp_bt, entropy_bt, hit_bt
 
 
 def _chunked(chunk: int, w_vd, mask_btw):
@@ -124,17 +131,20 @@ def _forward(chunk, dtype, h_btd, w_vd, targets_bt, temperature_b, mask_btw):
   return (logp_bt, entropy_bt, hit_bt), log_z_bt
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _token_stats(chunk, dtype, h_btd, w_vd, targets_bt, temperature_b, mask_btw):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _token_stats(chunk, dtype, entropy_grad, h_btd, w_vd, targets_bt, temperature_b, mask_btw):
+  del entropy_grad  # The backward's choice only.
   return _forward(chunk, dtype, h_btd, w_vd, targets_bt, temperature_b, mask_btw)[0]
 
 
-def _token_stats_fwd(chunk, dtype, h_btd, w_vd, targets_bt, temperature_b, mask_btw):
+def _token_stats_fwd(chunk, dtype, entropy_grad, h_btd, w_vd, targets_bt, temperature_b,
+                     mask_btw):
+  del entropy_grad
   out, log_z_bt = _forward(chunk, dtype, h_btd, w_vd, targets_bt, temperature_b, mask_btw)
   return out, (h_btd, w_vd, targets_bt, temperature_b, mask_btw, log_z_bt, out[1])
 
 
-def _token_stats_bwd(chunk, dtype, residuals, cotangents):
+def _token_stats_bwd(chunk, dtype, entropy_grad, residuals, cotangents):
   h_btd, w_vd, targets_bt, temperature_b, mask_btw, log_z_bt, entropy_bt = residuals
   g_logp_bt, g_entropy_bt, _ = cotangents
   vocab, d = w_vd.shape
@@ -156,9 +166,10 @@ def _token_stats_bwd(chunk, dtype, residuals, cotangents):
     z_btk = jnp.where(keep_btk, z_btk, 0.0)
     p_btk = jnp.where(keep_btk, jnp.exp(z_btk - log_z_bt[..., None]), 0.0)
     onehot_btk = (start + jnp.arange(chunk) == targets_bt[..., None]) & keep_btk
-    dz_btk = (g_logp_bt[..., None] * (onehot_btk - p_btk)
-              - g_entropy_bt[..., None] * p_btk * (z_btk - log_z_bt[..., None]
-                                                   + entropy_bt[..., None]))
+    dz_btk = g_logp_bt[..., None] * (onehot_btk - p_btk)
+    if entropy_grad:
+      dz_btk = dz_btk - g_entropy_bt[..., None] * p_btk * (z_btk - log_z_bt[..., None]
+                                                           + entropy_bt[..., None])
     dlogits_btk = (dz_btk / temperature_b[:, None, None]).astype(dtype)
     dh_btd = dh_btd + jnp.einsum("btk,kd->btd", dlogits_btk, w_kd.astype(dtype),
                                  preferred_element_type=jnp.float32)

@@ -107,6 +107,10 @@ class LossConfig:
   entropy_coef: float = 0.0
   value_coef: float = 0.5  # gae only.
   value_clip: float = 0.0  # gae only; >0 clips the value around old_values_bt when given.
+  # Add the model's MoE load-balancing loss (config.model.moe) to the RL loss. Off: RL
+  # replays the sampler's routing, and the reward, not balance, should move the router.
+  # Its value is logged (moe_aux_loss) either way.
+  moe_aux_loss: bool = False
 
   def __post_init__(self):
     one_of(self.aggregation, "aggregation", AGGREGATIONS)

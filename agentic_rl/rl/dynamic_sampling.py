@@ -67,12 +67,24 @@ class GroupSource(Protocol):
 
 
 class DynamicSampler:
-  """Fills batches with informative groups; see the module doc."""
+  """Fills batches with informative groups; see the module doc. One sampler serves a whole
+  run (set `source` per step): its estimate of the informative rate carries across steps
+  and sizes each refill request (`state_dict` / `load_state_dict` carry it over a resume)."""
 
-  def __init__(self, selector: TaskPool, source: GroupSource):
+  def __init__(self, selector: TaskPool, source: GroupSource | None = None):
     self.selector = selector
     self.source = source
     self._informative_rate = 1.0  # running estimate, sizes each refill request
+
+  @property
+  def informative_rate(self) -> float:
+    return self._informative_rate
+
+  def state_dict(self) -> dict:
+    return {"informative_rate": self._informative_rate}
+
+  def load_state_dict(self, state: dict) -> None:
+    self._informative_rate = float(state["informative_rate"])
 
   def collect(self, num_groups: int) -> tuple[list[Group], CollectStats]:
     spec = self.selector.spec

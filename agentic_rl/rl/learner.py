@@ -9,7 +9,8 @@ Loss on a micro-batch, with whole-batch denominators (objectives.LossNormalizers
   + kl_coef * aggregate(KL_t(pi || pi_ref))
   - entropy_coef * aggregate(H_t)
   + value_coef * aggregate(0.5 (V_t - G_t)^2)     (gae)
-  + moe_aux_loss / num_micro_batches             (the model's load-balancing loss)
+  + moe_aux_loss / num_micro_batches             (the model's load-balancing loss, when
+                                                  loss.moe_aux_loss)
 """
 
 from __future__ import annotations
@@ -63,28 +64,41 @@ def policy_outputs(model, params, batch: Batch, spec: RLSpec) -> dict[str, Any]:
   mask_w = batch.sampling_mask_btw if replay_mask else None
   logp_bt, entropy_bt, _, aux = logprobs_lib.scored_forward(
       model, params, batch.tokens_bt, batch.positions_bt, batch.temperature_b, mask_w,
-      replay=learner_replay(batch, spec))
+      replay=learner_replay(batch, spec), entropy_grad=spec.loss.entropy_coef > 0)
   values_bt = None
   if "values" in aux:
     values_bt = logprobs_lib.shift_to_targets(aux["values"])
   return {"logp_bt": logp_bt, "entropy_bt": entropy_bt, "values_bt": values_bt, "aux": aux}
 
 
+def needs_old_policy_forward(spec: RLSpec) -> bool:
+  """Whether a step of several updates scores its batch with the params it starts from:
+  for the PPO ratio's denominator (objective.old_logp_source='learner'), the learner side
+  of an importance correction, or the critic's old values. Otherwise the sampler's
+  log-probs are the denominator, and the step's first update, whose forward runs at those
+  same params, measures the mismatch."""
+  return (spec.objective.old_logp_source == "learner" or spec.correction.type != "none"
+          or spec.uses_values)
+
+
 def with_old_policy(model, params, batch: Batch, spec: RLSpec, ref_params=None) -> Batch:
-  """The batch with old_logp_bt (and old_values_bt) filled by `params`, and ref_logp_bt by
-  `ref_params` when the loss has a KL term.
+  """The batch with old_logp_bt (and old_values_bt) filled by `params` when the spec needs
+  them (`needs_old_policy_forward`), and ref_logp_bt by `ref_params` when the loss has a
+  KL term.
 
   Call once before several epochs over one batch: every epoch's ratio is then against the
   policy the batch was sampled from, and the reference is scored once, not per update.
   """
-  out = policy_outputs(model, params, batch, spec)
   mask = batch.loss_mask_bt > 0
-  old_values = None
-  if out["values_bt"] is not None:
-    old_values = jnp.where(mask, out["values_bt"], 0.0)
   ref_logp = batch.ref_logp_bt
   if spec.loss.kl_coef > 0 and ref_logp is None and ref_params is not None:
     ref_logp = jnp.where(mask, policy_outputs(model, ref_params, batch, spec)["logp_bt"], 0.0)
+  if not needs_old_policy_forward(spec):
+    return batch.replace(ref_logp_bt=ref_logp)
+  out = policy_outputs(model, params, batch, spec)
+  old_values = None
+  if out["values_bt"] is not None:
+    old_values = jnp.where(mask, out["values_bt"], 0.0)
   return batch.replace(old_logp_bt=jnp.where(mask, out["logp_bt"], 0.0),
                        old_values_bt=old_values, ref_logp_bt=ref_logp)
 
@@ -131,7 +145,8 @@ def microbatch_loss(params, ref_params, batch: Batch, adv_bt, norms, *, model, s
     sums["kl_to_ref"] = kl
 
   moe_aux = out["aux"].get("moe_aux_loss", jnp.float32(0.0)) / num_micro_batches
-  loss = loss + moe_aux
+  if spec.loss.moe_aux_loss:
+    loss = loss + moe_aux
 
   ratio_bt = jnp.exp(jnp.where(on_bt, logp_bt - ppo_old_bt, 0.0))
   sums.update({

@@ -69,16 +69,21 @@ def _target_scores(scaled_btv, tokens_bt):
 
 
 def scored_forward(model, params, tokens_bt, positions_bt, temperature_b,
-                   sampling_mask_btw=None, replay=None):
+                   sampling_mask_btw=None, replay=None, entropy_grad: bool = True):
   """(logp_bt, entropy_bt, hit_bt, aux): the forward (with `replay`) and, target aligned,
   each token's log-prob and entropy under softmax(logits / temperature) within the packed
-  sampling mask, and 1.0 where the token is the argmax of that distribution (no gradient)."""
+  sampling mask, and 1.0 where the token is the argmax of that distribution (no gradient).
+  `entropy_grad=False` (a loss without an entropy term) sends no gradient through the
+  entropy, and the backward does none of its work."""
   chunk = model.spec.readout_chunk
   if chunk == 0:
     logits_btv, _, aux = model.forward(params, tokens_bt, positions_bt, replay=replay)
     scaled_btv = _scaled_logits(logits_btv, temperature_b, sampling_mask_btw)
     hit_b_tm1 = (jnp.argmax(scaled_btv, axis=-1) == tokens_bt[:, 1:]).astype(jnp.float32)
-    stats = (*_target_scores(scaled_btv, tokens_bt), hit_b_tm1)
+    logp_b_tm1, entropy_b_tm1 = _target_scores(scaled_btv, tokens_bt)
+    if not entropy_grad:
+      entropy_b_tm1 = jax.lax.stop_gradient(entropy_b_tm1)
+    stats = (logp_b_tm1, entropy_b_tm1, hit_b_tm1)
     return (*(prepend_zero_column(x) for x in stats), aux)
   h_btd, _, aux = model.forward(params, tokens_bt, positions_bt, replay=replay, hidden=True)
   mask_w = None if sampling_mask_btw is None else sampling_mask_btw[:, 1:]
@@ -86,5 +91,5 @@ def scored_forward(model, params, tokens_bt, positions_bt, temperature_b,
     mask_w = sampling_mask_lib.pack_mask(mask_w)
   stats = chunked_logprobs.token_stats(h_btd[:, :-1], model.readout_weights(params),
                                        tokens_bt[:, 1:], temperature_b, mask_w, chunk=chunk,
-                                       dtype=model.spec.dtype)
+                                       dtype=model.spec.dtype, entropy_grad=entropy_grad)
   return (*(prepend_zero_column(x) for x in stats), aux)

@@ -7,8 +7,9 @@ micro-batch accumulation, AdamW, clipping and a non-finite guard.
     state, metrics = train_step(state, batch)
 
 With config.rl.ppo_epochs x config.rl.minibatches > 1, the step first scores the batch
-with the params it starts from (learner.with_old_policy: the old policy, and the KL
-reference once), computes group advantages on the whole batch, then runs ppo_epochs passes,
+with the params it starts from (learner.with_old_policy: the old policy, unless the
+sampler's log-probs serve as it, and the KL reference once), computes group advantages
+on the whole batch, then runs ppo_epochs passes,
 each over `minibatches` shuffled row subsets; the learning-rate schedule counts rollout
 batches, not updates. Metrics are means over the updates, with clip_frac of the first and
 last epoch beside them. With one update per batch the step is one jitted update, as below.
@@ -55,13 +56,16 @@ class TrainState:
 
 
 def learning_rate_schedule(spec: RLSpec) -> optax.Schedule:
-  """Linear warmup from 0 to learning_rate, then cosine decay to end_lr_ratio * it, over
-  rollout batches (optim.decay_steps, 0 = the phase's num_steps): every update of one
-  batch's PPO epochs gets that batch's rate."""
+  """Linear warmup to learning_rate, then cosine decay to end_lr_ratio * it, over rollout
+  batches (optim.decay_steps, 0 = the phase's num_steps): every update of one batch's PPO
+  epochs gets that batch's rate. Batch n (1-based) gets learning_rate * n / warmup_steps
+  while n <= warmup_steps, so the first batch learns (never a rate of 0), the peak comes
+  at batch warmup_steps and the last batch of the schedule gets the end rate."""
   o = spec.optim
-  per_batch = optax.warmup_cosine_decay_schedule(
+  warmup = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=o.learning_rate, warmup_steps=o.warmup_steps,
       decay_steps=o.schedule_steps(spec.num_steps), end_value=o.learning_rate * o.end_lr_ratio)
+  per_batch = lambda count: warmup(count + 1)
   if spec.updates_per_step == 1:
     return per_batch
   return lambda count: per_batch(count // spec.updates_per_step)
@@ -115,7 +119,7 @@ def _finalize_metrics(sums, norms, grad_norm, finite, state, lr):
       "learning_rate": lr,
       "update_applied": finite.astype(jnp.float32),
       "skipped_steps": state.skipped_steps,
-      "num_tokens": n_tok,
+      "update_loss_tokens": n_tok,  # Generated tokens in this update's (mini)batch.
   })
   if "corr_rejected_sequences" in sums:
     metrics["correction/rejected_sequence_frac"] = sums["corr_rejected_sequences"] / n_seq
@@ -266,6 +270,7 @@ def make_train_step(model, spec: RLSpec, *, donate: bool = False):
   update = _update_fn(model, spec)
 
   micro = spec.optim.num_micro_batches
+  scores_old_policy = learner.needs_old_policy_forward(spec)
   score_fn = jax.jit(lambda params, ref_params, batch: learner.with_old_policy(
       model, params, batch, spec, ref_params))
   advantages_fn = jax.jit(lambda batch: _step_advantages(spec, batch))
@@ -291,6 +296,10 @@ def make_train_step(model, spec: RLSpec, *, donate: bool = False):
         per_update.append(metrics)
     clip_frac = lambda updates: jnp.mean(jnp.stack([m["clip_frac"] for m in updates]))
     metrics = _mean_metrics(per_update)
+    if not scores_old_policy:
+      # No old-policy forward: only the first update's forward ran at the sampled policy's
+      # params, so the mismatch is its minibatch's, not a mean over moving params.
+      metrics.update({k: v for k, v in per_update[0].items() if k.startswith("mismatch/")})
     metrics["clip_frac_first_epoch"] = clip_frac(per_update[:mb])
     metrics["clip_frac_last_epoch"] = clip_frac(per_update[-mb:])
     metrics["updates"] = jnp.float32(len(per_update))

@@ -19,7 +19,7 @@ from agentic_rl.train.evaluation import Z95
 
 CURVE_KEYS = ("rollout/reward_mean", "rollout/solve_rate", "rollout/solve_stderr",
               "heldout/solve_rate", "heldout/solve_stderr", "mismatch/k3",
-              "rollout/tokens_per_s", "learner/tokens_per_s")
+              "rollout/tokens_per_s", "learner/generated_tokens_per_s")
 
 
 def history_row(step, logged: dict) -> dict:
@@ -121,7 +121,7 @@ def curves_figure(history: list[dict], *, title: str = "") -> Figure:
             ylabel="KL estimate")
 
   _plot_lines(ax_tps, history, (("rollout/tokens_per_s", "rollout"),
-                                ("learner/tokens_per_s", "learner")), legend=True)
+                                ("learner/generated_tokens_per_s", "learner")), legend=True)
   ax_tps.set(title="(d) Throughput", xlabel="RL step", ylabel="tokens / s")
 
   for ax in fig.axes:

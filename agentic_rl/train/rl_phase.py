@@ -58,9 +58,12 @@ def run_rl(ctx: RunContext, state: TrainState, run: RunState) -> TrainState:
     compiled = route.engine.warm_up()
     ctx.say(f"rollout steps compiled in {time.time() - t0:.1f}s ({compiled} programs)")
   pool = _task_pool(ctx, run)
+  sampler = dynamic_sampling.DynamicSampler(pool)  # One per run: its estimate carries on.
+  if run.sampler:
+    sampler.load_state_dict(run.sampler)
   run_start, steps_done = time.time(), 0
   while run.rl_step < num_steps and not ctx.stop.is_set():
-    state, logged = _rl_step(ctx, pool, state, run, num_steps)
+    state, logged = _rl_step(ctx, sampler, state, run, num_steps)
     steps_done += 1
     eta = (time.time() - run_start) / steps_done * (num_steps - run.rl_step)
     solve = (run.heldout_last or run.heldout_sft)["heldout/solve_rate"]
@@ -108,7 +111,7 @@ def _task_pool(ctx: RunContext, run: RunState) -> task_selection.TaskPool:
   return pool
 
 
-def _rl_step(ctx: RunContext, pool, state, run: RunState, num_steps: int
+def _rl_step(ctx: RunContext, sampler, state, run: RunState, num_steps: int
              ) -> tuple[TrainState, dict]:
   """One step: collect, learn, log, evaluate when due; returns the state and the logged
   metrics."""
@@ -118,7 +121,7 @@ def _rl_step(ctx: RunContext, pool, state, run: RunState, num_steps: int
   # At a stage switch: the new route's layout (route A adds a critic). Else a no-op.
   state = ctx.state_io.place(route.adopt(state, ctx.config.seed))
   t0 = time.time()
-  trajs, numbers, outcome_rewards, rollout_logged = _collect(ctx, route, pool, state, step)
+  trajs, numbers, outcome_rewards, rollout_logged = _collect(ctx, route, sampler, state, step)
   t1 = time.time()
   # Every process pads to one length: the longest trajectory rounded up to a multiple
   # of 128 (a handful of shapes to compile, far less padding than max_len).
@@ -132,8 +135,9 @@ def _rl_step(ctx: RunContext, pool, state, run: RunState, num_steps: int
   metrics = jax.device_get(metrics)
   learner_s = time.time() - t1
   run.rl_step = step + 1
-  gen_tokens = float(ctx.gather(np.asarray([sum(t.num_generated for t in trajs)],
-                                           np.float64)).sum())
+  kept_tokens = float(ctx.gather(np.asarray([sum(t.num_generated for t in trajs)],
+                                            np.float64)).sum())
+  loss_tokens = float(np.asarray(local_batch.loss_mask_bt).sum()) * ctx.info.process_count
   rollout_s = rollout_logged["rollout/seconds"]
   logged = {**metrics, **rollout_logged,
             # Every episode sampled this step, the uniform groups dynamic sampling dropped
@@ -141,15 +145,16 @@ def _rl_step(ctx: RunContext, pool, state, run: RunState, num_steps: int
             **episode_rates("rollout", outcome_rewards),
             **episode_rates("batch", ctx.gather(np.asarray([t.reward for t in trajs],
                                                            np.float64))),
-            "rollout/generated_tokens": gen_tokens,
-            "rollout/tokens_per_s": gen_tokens / max(rollout_s, 1e-9),
             # Every sampled episode, dropped groups included: the sampler's throughput.
+            "rollout/tokens_per_s": rollout_logged["rollout/generated_tokens"]
+                                    / max(rollout_s, 1e-9),
             "rollout/trajectories_per_s": len(outcome_rewards) / max(rollout_s, 1e-9),
+            "batch/generated_tokens": kept_tokens,
             "rollout/mean_length": float(np.mean([t.length for t in trajs])),
             "rollout/solve_stderr": reporting.solve_stderr_by_task(numbers, outcome_rewards),
             "learner/seconds": learner_s,
-            "learner/tokens_per_s": float(np.asarray(local_batch.loss_mask_bt).sum()
-                                          * ctx.info.process_count) / max(learner_s, 1e-9),
+            "learner/padded_length": float(local_batch.length),
+            "learner/generated_tokens_per_s": loss_tokens / max(learner_s, 1e-9),
             "stage/route_a": float(route.name == "A"),
             **reporting.tool_statistics(trajs)}
   if run.rl_step % tc.eval_every == 0 or run.rl_step == num_steps:
@@ -163,20 +168,20 @@ def _rl_step(ctx: RunContext, pool, state, run: RunState, num_steps: int
     for t in trajs[:tc.num_samples_logged]:
       ctx.logger.text(run.global_step, "samples",
                       reporting.render_trajectory(ctx.tokenizer, t))
-  run.pool, run.stream = pool.state_dict(), dict(ctx.tasks.position)
+  run.pool, run.stream = sampler.selector.state_dict(), dict(ctx.tasks.position)
+  run.sampler = sampler.state_dict()
   return state, logged
 
 
-def _collect(ctx: RunContext, route, pool, state, step: int):
+def _collect(ctx: RunContext, route, sampler, state, step: int):
   """(this process's trajectories, every process's sampled task numbers and rewards,
   rollout metrics): dynamic sampling until the step's groups are informative."""
   t0 = time.time()
-  overflow_before = (route.engine.stats.dropped_assignments,
-                     route.engine.stats.routed_assignments)
+  before = dataclasses.replace(route.engine.stats)
+  pool = sampler.selector
   pool.rng = np.random.default_rng([ctx.config.seed, 11, step])
   route.engine.set_params(route.sampler_params(state.params), step)
-  source = RolloutGroups(route.engine, ctx.tasks, step)
-  sampler = dynamic_sampling.DynamicSampler(pool, source)
+  source = sampler.source = RolloutGroups(route.engine, ctx.tasks, step)
   groups, stats = sampler.collect(ctx.train_spec.groups_per_step // ctx.info.process_count)
   rollout_s = time.time() - t0
   trajs = [dataclasses.replace(t, group_id=ctx.info.process_index * len(groups) + g)
@@ -189,19 +194,40 @@ def _collect(ctx: RunContext, route, pool, state, step: int):
   pool.end_step()
   logged = {"rollout/seconds": rollout_s,
             "rollout/groups_dropped": stats.groups_dropped,
+            # Uniform groups the batch took because too few informative ones came.
+            "rollout/uninformative_filled": stats.uninformative_filled,
+            "rollout/informative_rate_estimate": sampler.informative_rate,
             "rollout/sampling_rounds": stats.rounds,
             "rollout/peak_kv_bytes": route.engine.stats.peak_kv_bytes,
-            **_sampler_overflow(route.engine.stats, overflow_before),
+            **_engine_time_split(route.engine.stats, before, ctx.gather),
+            **_sampler_overflow(route.engine.stats, before),
             **reporting.end_reason_metrics(source.end_reasons, ctx.gather),
             **selection}
   return trajs, numbers, rewards, logged
 
 
-def _sampler_overflow(stats, before: tuple[int, int]) -> dict:
+# The engine's counters this step logs (RolloutStats fields), as rollout/<name>.
+_ENGINE_COUNTERS = {"decode_s": "decode_seconds", "prefill_s": "prefill_seconds",
+                    "env_wait_s": "env_wait_seconds", "host_s": "host_seconds",
+                    "generated_tokens": "generated_tokens", "prefill_calls": "prefill_calls",
+                    "decode_calls": "decode_calls", "prefilled_tokens": "prefilled_tokens"}
+
+
+def _engine_time_split(stats, before, gather) -> dict:
+  """This step's share of the engine's counters (RolloutStats): where the rollout time
+  went (decode, prefill, waiting for environments, host bookkeeping) and what it made,
+  every sampled episode included; summed over processes."""
+  local = np.asarray([getattr(stats, k) - getattr(before, k) for k in _ENGINE_COUNTERS],
+                     np.float64)
+  totals = np.asarray(gather(local)).reshape(-1, len(_ENGINE_COUNTERS)).sum(0)
+  return {f"rollout/{name}": float(v) for name, v in zip(_ENGINE_COUNTERS.values(), totals)}
+
+
+def _sampler_overflow(stats, before) -> dict:
   """rollout/moe_overflow_frac: the share of this step's expert assignments the sampler's
   expert-parallel dispatch dropped over capacity ({} when none had a capacity)."""
-  dropped = stats.dropped_assignments - before[0]
-  routed = stats.routed_assignments - before[1]
+  dropped = stats.dropped_assignments - before.dropped_assignments
+  routed = stats.routed_assignments - before.routed_assignments
   if not routed:
     return {}
   return {"rollout/moe_dropped_assignments": float(dropped),

@@ -28,6 +28,7 @@ class RunState:
   rl_wall_seconds: float = 0.0
   mismatch_kl: list[float] = dataclasses.field(default_factory=list)  # One per RL step.
   pool: dict | None = None  # TaskPool.state_dict()
+  sampler: dict | None = None  # DynamicSampler.state_dict()
   stream: dict | None = None  # TaskStream.position
   sft_plateau: dict | None = None  # PlateauStop.state_dict()
   sft_best_step: int | None = None

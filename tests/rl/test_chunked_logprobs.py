@@ -98,6 +98,37 @@ def test_gradient_matches_autodiff_of_the_full_logits(masked):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
 
 
+def test_without_entropy_grad_the_logp_gradient_stays_and_the_entropy_work_goes():
+  """entropy_grad=False: the log-prob gradient equals the full-logits autodiff, the entropy
+  sends none (as with stop_gradient), and the compiled backward does fewer FLOPs."""
+  h, w, targets, temp, _ = _case(seed=6)
+  args = (jnp.asarray(h), jnp.asarray(w))
+  g_logp = jnp.asarray(np.random.default_rng(7).normal(size=targets.shape), jnp.float32)
+
+  def chunked(entropy_grad, entropy_weight):
+    def loss(h, w):
+      logp, ent, _ = chunked_logprobs.token_stats(h, w, jnp.asarray(targets), jnp.asarray(temp),
+                                                  chunk=16, entropy_grad=entropy_grad)
+      return jnp.sum(g_logp * logp) + entropy_weight * jnp.sum(ent)
+    return loss
+
+  def full(h, w):
+    logits = jnp.einsum("btd,vd->btv", h, w)
+    logits = jnp.concatenate([logits, logits[:, :1]], axis=1)
+    tokens = jnp.concatenate([jnp.asarray(targets[:, :1]), jnp.asarray(targets)], axis=1)
+    logp, _ = logprobs.token_logprobs(logits, tokens, jnp.asarray(temp))
+    return jnp.sum(g_logp * logp[:, 1:])
+
+  want = jax.grad(full, (0, 1))(*args)
+  for weight in (0.0, 0.7):  # The entropy term, if any, sends nothing.
+    got = jax.grad(chunked(False, weight), (0, 1))(*args)
+    for a, b in zip(got, want):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+  flops = {flag: jax.jit(jax.grad(chunked(flag, 0.0), (0, 1))).lower(*args).compile()
+           .cost_analysis()["flops"] for flag in (True, False)}
+  assert flops[False] < flops[True], flops
+
+
 def test_a_nan_position_sends_no_gradient():
   # A bad id or position makes the model's hidden state NaN there (by contract); the loss
   # masks it out, and the read-out's gradient stays finite, as the full-logits path's does.

@@ -49,7 +49,7 @@ def _loss(env, spec, batch):
 # sit inside the spread of the composed batch's ratios, so each rejects some tokens.
 VARIATIONS = [
     {"advantage.estimator": "grpo", "objective.type": "ppo_clip", "loss.aggregation": "token",
-     "correction.type": "none"},
+     "correction.type": "none", "loss.moe_aux_loss": True},
     {"advantage.estimator": "grpo_no_std", "objective.type": "gspo",
      "loss.aggregation": "sequence", "correction.type": "tis", "correction.tis_cap": 1.2,
      "loss.kl_coef": 0.1, "loss.kl_estimator": "k1", "loss.entropy_coef": 0.01},
@@ -77,6 +77,7 @@ def test_variations_cover_every_choice():
   for field, choices in [("advantage.estimator", rl_config_lib.ADVANTAGE_ESTIMATORS),
                          ("objective.type", rl_config_lib.OBJECTIVES),
                          ("objective.old_logp_source", ("sampler",)),
+                         ("loss.moe_aux_loss", (True,)),
                          ("loss.aggregation", rl_config_lib.AGGREGATIONS),
                          ("loss.kl_estimator", rl_config_lib.KL_ESTIMATORS),
                          ("correction.type", rl_config_lib.CORRECTIONS),
@@ -256,7 +257,7 @@ def _np_loss(spec, d) -> dict:
     out["kl_to_ref"] = _np_aggregate(_np_kl(logp - np.where(on, d["ref"], 0.0),
                                             spec.loss.kl_estimator), spec, mask)
     loss += spec.loss.kl_coef * out["kl_to_ref"]
-  out.update(loss=loss + d["moe_aux_loss"], pg_loss=pg, entropy=ent,
+  out.update(loss=loss + d["moe_aux_loss"] * spec.loss.moe_aux_loss, pg_loss=pg, entropy=ent,
              clipped_count=np.sum((clipped < unclipped) & on),
              advantage_sum=np.sum(np.where(on, adv, 0.0)),
              corr_weight_sum=np.sum(weights * mask),

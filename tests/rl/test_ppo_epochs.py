@@ -84,9 +84,9 @@ def test_minibatches_shuffle_rows_and_the_schedule_counts_batches(monkeypatch):
   # run shuffles as an uninterrupted one), another step draws others (checked above).
   _, _, again = rows_of(start)
   np.testing.assert_array_equal(again, order1)
-  # Warmup over 4 rollout batches: every update of batch n uses the rate of batch n.
-  assert float(m1["learning_rate"]) == 0.0
-  assert float(m2["learning_rate"]) == pytest.approx(1e-2 / 4)
+  # Warmup over 4 rollout batches: every update of batch n (1-based) uses its rate n/4.
+  assert float(m1["learning_rate"]) == pytest.approx(1e-2 / 4)
+  assert float(m2["learning_rate"]) == pytest.approx(2e-2 / 4)
   with pytest.raises(ValueError, match="minibatches=3"):
     ts.make_train_step(model, tiny_model.rl_spec(**_FAST, minibatches=3))(state, batch)
 
@@ -103,18 +103,20 @@ def _np_token_logp(logits_btv, tokens_bt):
 
 def test_epochs_score_the_kl_against_the_reference_params():
   """With several updates per batch the reference is scored once, before the first update:
-  by ref_params, not by the params the step starts from. Warmup gives the first batch a
-  learning rate of 0, so every update's KL is the same, computed here in float64."""
+  by ref_params, not by the params the step starts from. A learning rate of 1e-9 leaves
+  the policy where it starts (to float32 round-off), so every update's KL is the same,
+  computed here in float64."""
   model, params = tiny_model.make_model(seed=0)
   _, ref_params = tiny_model.make_model(seed=1)  # another policy: KL clearly above 0
   spec = tiny_model.rl_spec(**{**_FAST, "optim.warmup_steps": 4}, **{
-      "optim.learning_rate": 1e-2, "ppo_epochs": 2, "minibatches": 2, "loss.kl_coef": 0.1})
+      "optim.learning_rate": 1e-9, "ppo_epochs": 2, "minibatches": 2, "loss.kl_coef": 0.1})
   batch = bandit.sample(model, params, jax.random.key(5))
   state = ts.init_train_state(model, params, spec, ref_params=ref_params)
   new, metrics = ts.make_train_step(model, spec)(state, batch)
-  assert float(metrics["learning_rate"]) == 0.0 and float(metrics["updates"]) == 4
-  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
-               new.params, params)
+  assert float(metrics["learning_rate"]) == pytest.approx(1e-9 / 4)
+  assert float(metrics["updates"]) == 4
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b),
+                                                       rtol=0, atol=1e-8), new.params, params)
 
   # The learner scores both policies with the sampler's routing and blocks forced.
   forward = tiny_model.forward_fn(model)
@@ -144,3 +146,40 @@ def _episodes_to_learn(epochs: int, threshold: float = 0.6, max_steps: int = 40)
 def test_four_epochs_learn_the_bandit_from_fewer_sampled_episodes():
   one, four = _episodes_to_learn(1), _episodes_to_learn(4)
   assert four < 0.6 * one, (one, four)
+
+
+def test_sampler_denominator_skips_the_old_policy_forward(monkeypatch):
+  """old_logp_source='sampler' with no correction and no critic: the step runs no forward
+  before its updates, trains exactly as with the old policy scored, and its mismatch is
+  the first update's minibatch's, measured at the params the batch was sampled with."""
+  model, params = tiny_model.make_model(seed=0)
+  spec = tiny_model.rl_spec(**_FAST, **{"optim.learning_rate": 5e-2, "ppo_epochs": 2,
+                                        "minibatches": 2, "objective.old_logp_source": "sampler"})
+  assert not learner.needs_old_policy_forward(spec)
+  for changes in ({"objective.old_logp_source": "learner"}, {"correction.type": "tis"}):
+    assert learner.needs_old_policy_forward(tiny_model.rl_spec(**_FAST, **changes))
+  batch = bandit.sample(model, params, jax.random.key(3))
+  # A sampler that disagrees by a known amount, so the mismatch is far above round-off.
+  noise = np.random.default_rng(4).normal(scale=0.1, size=batch.sampler_logp_bt.shape)
+  batch = batch.replace(sampler_logp_bt=batch.sampler_logp_bt + noise.astype(np.float32))
+  scored = learner.with_old_policy(model, params, batch, spec)
+  assert scored.old_logp_bt is None and scored.old_values_bt is None
+  # No forward: no matmul in what the step runs before its updates.
+  jaxpr = jax.make_jaxpr(lambda b: learner.with_old_policy(model, params, b, spec))(batch)
+  assert "dot_general" not in str(jaxpr)
+
+  new, metrics = ts.make_train_step(model, spec)(ts.init_train_state(model, params, spec),
+                                                 batch)
+  monkeypatch.setattr(learner, "needs_old_policy_forward", lambda spec: True)
+  forced, _ = ts.make_train_step(model, spec)(ts.init_train_state(model, params, spec), batch)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b),
+                                                       rtol=1e-6, atol=1e-7),
+               new.params, forced.params)
+
+  rows = np.split(np.random.default_rng([17, 0]).permutation(bandit.B), 2)[0]
+  first = jax.tree.map(lambda x: x[rows], batch)
+  want = learner.mismatch_metrics(model, params, first, spec)
+  assert float(metrics["mismatch/num_tokens"]) == float(want["mismatch/num_tokens"]) > 0
+  assert float(want["mismatch/abs_logp_diff_mean"]) > 0.05
+  for key in ("mismatch/abs_logp_diff_mean", "mismatch/abs_logp_diff_max", "mismatch/k3"):
+    assert float(metrics[key]) == pytest.approx(float(want[key]), rel=1e-3, abs=1e-12), key

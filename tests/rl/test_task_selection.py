@@ -98,6 +98,32 @@ def test_dynamic_sampling_tops_up_when_nothing_is_informative():
   assert len(groups) == 3 and stats.uninformative_filled == 3 and stats.rounds == 2
 
 
+def test_dynamic_sampler_keeps_its_estimate_across_steps_and_a_resume():
+  """One sampler per run: the informative-rate estimate (rate <- rate / 2 + useful share / 2
+  per round) carries into the next step and over a resume, and sizes its refills. Here the
+  first half of every request (rounded up) is informative, so by hand: a fresh sampler asks
+  8, then ceil(4 / 0.75) = 6, then ceil(1 / 0.625) = 2, ending at 0.5625; the next step asks
+  8, then ceil(4 / 0.53125) = 8."""
+  selector = _selector(["t"], **{"group_size": 2, "task_selection.max_sampling_rounds": 50})
+  asked = []
+
+  class HalfInformative:
+    def generate(self, task_ids, group_size):
+      asked.append(len(task_ids))
+      half = -(-len(task_ids) // 2)
+      return [ds.Group(t, np.array([0.0, 1.0] if i < half else [1.0, 1.0])) for i, t in
+              enumerate(task_ids)]
+
+  sampler = ds.DynamicSampler(selector, HalfInformative())
+  sampler.collect(8)
+  assert asked == [8, 6, 2] and sampler.informative_rate == pytest.approx(0.5625)
+  resumed = ds.DynamicSampler(selector, HalfInformative())
+  resumed.load_state_dict(sampler.state_dict())
+  asked.clear()
+  resumed.collect(8)
+  assert asked[:2] == [8, 8], asked
+
+
 def test_dynamic_sampling_off_keeps_everything():
   rewards = {"easy": lambda g: [1.0] * g}
   selector = _selector(["easy"], **{"group_size": 2,

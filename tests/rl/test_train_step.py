@@ -77,7 +77,7 @@ def test_on_policy_metrics_and_loss_value(setup):
   assert float(m["mismatch/block_agreement"]) == 1.0
   assert float(m["clip_frac"]) == 0.0 and float(m["ppo_ratio_mean"]) == pytest.approx(1.0)
   assert float(m["update_applied"]) == 1.0 and int(m["skipped_steps"]) == 0
-  assert float(m["num_tokens"]) == B * (T - PROMPT)
+  assert float(m["update_loss_tokens"]) == B * (T - PROMPT)
   assert m["mismatch/by_position/k3"].shape == (s["spec1"].mismatch.num_position_buckets,)
   assert m["mismatch/by_turn/k3"].shape == (s["spec1"].max_turns,)
   # At ratio 1 the token-mean PPO loss is -mean_t A_t; GRPO by hand over the two groups.
@@ -128,12 +128,14 @@ def test_learning_rate_schedule_matches_formula(warmup, decay, end):
   schedule = ts.learning_rate_schedule(spec)
   peak, low = 3e-4, 3e-4 * end
   for c in range(0, decay + 5):
-    if c < warmup:
-      want = peak * c / warmup
+    n = c + 1  # Batch c is the schedule's n-th update: the first learns.
+    if n < warmup:
+      want = peak * n / warmup
     else:
-      frac = min(c - warmup, decay - warmup) / (decay - warmup)
+      frac = min(n - warmup, decay - warmup) / (decay - warmup)
       want = low + (peak - low) * 0.5 * (1 + np.cos(np.pi * frac))
     assert float(schedule(c)) == pytest.approx(want, rel=1e-5, abs=1e-12), c
+  assert float(schedule(0)) > 0.0
 
 
 def test_weight_decay_spares_vectors():

@@ -22,16 +22,16 @@ def _history() -> list[dict]:
       {"step": 0, "heldout/solve_rate": 0.10, "heldout/solve_stderr": 0.03},
       {"step": 1, "rollout/reward_mean": 0.20, "rollout/solve_rate": 0.15,
        "rollout/solve_stderr": 0.05, "mismatch/k3": 1e-3, "rollout/tokens_per_s": 5000.0,
-       "learner/tokens_per_s": 20000.0},
+       "learner/generated_tokens_per_s": 20000.0},
       {"step": 2, "rollout/reward_mean": 0.25, "rollout/solve_rate": 0.20,
        "mismatch/k3": NAN, "rollout/tokens_per_s": 5100.0,
        "heldout/solve_rate": 0.18, "heldout/solve_stderr": 0.04},
       {"step": 3, "rollout/reward_mean": NAN, "rollout/solve_rate": 0.30,
        "rollout/solve_stderr": 0.06, "mismatch/k3": 2e-3, "rollout/tokens_per_s": 5200.0,
-       "learner/tokens_per_s": 21000.0},
+       "learner/generated_tokens_per_s": 21000.0},
       {"step": 4, "rollout/reward_mean": 0.40, "rollout/solve_rate": 0.35,
        "rollout/solve_stderr": 0.06, "mismatch/k3": 4e-3, "rollout/tokens_per_s": 4900.0,
-       "learner/tokens_per_s": 19000.0, "heldout/solve_rate": 0.30,
+       "learner/generated_tokens_per_s": 19000.0, "heldout/solve_rate": 0.30,
        "heldout/solve_stderr": NAN},
   ]
 
@@ -135,12 +135,12 @@ def test_empty_or_stepless_history_raises(tmp_path):
 def test_history_row_keeps_curve_keys_as_floats():
   logged = {"rollout/reward_mean": np.float32(0.25), "rollout/solve_rate": np.float64(0.5),
             "mismatch/k3": np.asarray(1e-3, np.float32),  # 0-d array, as device_get gives
-            "learner/tokens_per_s": 12000,  # a plain int
+            "learner/generated_tokens_per_s": 12000,  # a plain int
             "rollout/tokens_per_s": float("nan"),  # non-finite: dropped
             "learner/loss": 1.5, "heldout/pass_at_k": 0.7}  # not a curve key: dropped
   row = history_row(np.int64(7), logged)
   assert row == {"step": 7, "rollout/reward_mean": 0.25, "rollout/solve_rate": 0.5,
-                 "mismatch/k3": pytest.approx(1e-3), "learner/tokens_per_s": 12000.0}
+                 "mismatch/k3": pytest.approx(1e-3), "learner/generated_tokens_per_s": 12000.0}
   assert type(row["step"]) is int
   assert all(type(v) is float for k, v in row.items() if k != "step")
   assert set(row) <= {"step", *CURVE_KEYS}

@@ -21,21 +21,20 @@ def test_kl_to_the_start_params_runs_end_to_end(tmp_path):
   summary, stdout = run_train.train(
       workdir, "--config.train.sft_steps=0", f"--config.train.init_checkpoint={tmp_path}/base",
       "--config.rl.loss.kl_coef=0.5", "--config.rl.num_steps=2",
-      "--config.rl.optim.learning_rate=0.01", "--config.rl.optim.warmup_steps=1")
+      "--config.rl.optim.learning_rate=1e-4", "--config.rl.optim.warmup_steps=2")
   assert summary["init_checkpoint"]["file"].endswith("base/params.safetensors")
   rl = [m for m in run_train.metrics(workdir) if "rollout/reward_mean" in m]
   assert len(rl) == 2
-  # The schedule counts rollout batches, warmup is 1: the first batch's updates (2 epochs x
-  # 2 minibatches) all run at learning rate 0, the second's at the peak.
-  assert [m["learning_rate"] for m in rl] == [0.0, pytest.approx(0.01)]
+  # The schedule counts rollout batches, warmup is 2: the first batch's updates (2 epochs x
+  # 2 minibatches) all run at half the peak, the second's at the peak.
+  assert [m["learning_rate"] for m in rl] == [pytest.approx(5e-5), pytest.approx(1e-4)]
   assert [m["updates"] for m in rl] == [4, 4]
   kl = [m["kl_to_ref"] for m in rl]
-  # Through the first step the policy is its reference (the start params, unmoved), so
-  # every update's KL is 0 by hand, up to the float32 round-off of scoring one forward at
-  # two batch shapes (k3 ~ x^2 / 2); a reference other than the start reads ~1.
-  assert abs(kl[0]) < 1e-9, kl
-  # Then the policy moves away from it within the second step's updates.
-  assert kl[1] > 1e-6, kl
+  # The first update starts at the reference (the start params): its KL is 0, and the
+  # first batch's mean stays near it; a reference other than the start reads ~1.
+  assert abs(kl[0]) < 1e-3, kl
+  # Then the policy moves further away from it through the second step's updates.
+  assert kl[1] > kl[0], kl
 
   directory, step = resolve_checkpoint(workdir)
   reader = Checkpointer(directory, read_only=True)
