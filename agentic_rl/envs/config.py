@@ -179,7 +179,11 @@ class EnvSpec:
   reward: str = "repaired_fraction"
   # Reward when a budget ends an unsubmitted episode: zero, or `reward` on the tests then.
   budget_end_reward: str = "zero"
-  process_signal_on_edit: bool = True  # Re-measure tests (hidden) after each replace.
+  # Re-measure the hidden tests after each replace, so the process signal lands on the edit
+  # that earned it. A run joins it: on only when its advantage estimator reads process
+  # signals (turn_level, gae); otherwise the hidden runs would cost time nothing reads.
+  process_signal_on_edit: bool = derived(
+      True, "config.rl.advantage.estimator (on for turn_level and gae)")
   max_observation_chars: int = 1200  # Hard bound on every observation returned.
   tool_format: str = "grammar"  # One of TOOL_FORMATS.
   max_tool_call_chars: int = 4000  # Longer calls are refused before parsing arguments.
@@ -222,9 +226,13 @@ def default_env_config() -> ml_collections.ConfigDict:
   return to_config_dict(EnvSpec())
 
 
-def validate_env_config(config=None, *, max_turns: int | None = None) -> EnvSpec:
+def validate_env_config(config=None, *, max_turns: int | None = None,
+                        process_signal_on_edit: bool | None = None) -> EnvSpec:
   """The env spec from `config.env` (a ConfigDict, a dict or a built spec; None = the
-  defaults), with the run's turn budget when given. A built spec is returned as is."""
+  defaults), with the run's turn budget and per-edit measuring when given (a run joins
+  both from its other sections). A built spec is returned as is."""
   joined = {} if max_turns is None else {"max_turns": max_turns}
+  if process_signal_on_edit is not None:
+    joined["process_signal_on_edit"] = bool(process_signal_on_edit)
   return from_config_dict(EnvSpec, EnvSpec() if config is None else config, "config.env",
                           **joined)

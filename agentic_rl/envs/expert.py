@@ -19,6 +19,12 @@ The repair search runs the candidate function in this process on the cases
 it read; the code it runs is what `view` showed, i.e. generated code and the
 expert's own edits. Returned turns are (action_text, observation) pairs, ready
 to become SFT demonstrations.
+
+`play_recovery` plays a recovery demonstration: the same play, except that the first
+repair is preceded by a wrong one on the same line (the closest single-line change that
+fails the function's cases), then a test that shows it failing, then the right repair
+over it. The wrong edit's turn is listed in `no_loss_turns`: a demonstration teaches
+reading the failure and correcting it, never making the mistake.
 """
 
 from __future__ import annotations
@@ -48,6 +54,9 @@ class ExpertResult:
   solved: bool  # Submitted with every test passing.
   end_reason: str
   infos: list  # The info dict of each step.
+  # Indices into `turns` whose actions a demonstration must not teach (a deliberate
+  # mistake of play_recovery); () for the expert's own play.
+  no_loss_turns: tuple[int, ...] = ()
 
 
 class _OutOfTurns(Exception):
@@ -167,6 +176,26 @@ def _repairs(module_lines: list[str], name: str, cases):
     yield line, new
 
 
+def _wrong_repair(module_lines: list[str], name: str, cases, line: int) -> str | None:
+  """The closest single-line change of module line `line` (inside function `name`) that
+  fails `cases`: a plausible wrong repair of the line the right one edits; None if none."""
+  fn = next((n for n in mutations.parse("\n".join(module_lines)).body
+             if isinstance(n, ast.FunctionDef) and n.name == name), None)
+  if fn is None:
+    return None
+  src_lines = module_lines[fn.lineno - 1: fn.end_lineno]
+  fn_source = "\n".join(src_lines)
+  wrong = []
+  for _, idx, old, new in mutations.mutated_sources(mutations.canonical(fn_source), expert=True):
+    if fn.lineno + idx != line or new.strip() == module_lines[line - 1].strip():
+      continue
+    candidate = "\n".join(new if i == idx else s for i, s in enumerate(src_lines))
+    if not _passes(candidate, name, cases):
+      wrong.append((_edit_distance(old, new), new))
+  wrong.sort(key=lambda c: c[0])  # Stable: ties keep the search order.
+  return wrong[0][1] if wrong else None
+
+
 def _edit_distance(a: str, b: str) -> int:
   """Levenshtein distance over characters (lines are short)."""
   row = list(range(len(b) + 1))
@@ -177,11 +206,20 @@ def _edit_distance(a: str, b: str) -> int:
   return row[-1]
 
 
-def play_expert(env, task, max_turns: int | None = None) -> ExpertResult:
+def play_recovery(env, task, max_turns: int | None = None) -> ExpertResult:
+  """A recovery demonstration of `task` on `env` (module docstring): a wrong first repair,
+  the failing test, the right repair. Where no wrong repair of that line exists, the
+  expert's own play (no_loss_turns is then empty)."""
+  return play_expert(env, task, max_turns, recover=True)
+
+
+def play_expert(env, task, max_turns: int | None = None, *, recover: bool = False
+                ) -> ExpertResult:
   """Plays one episode of `task` on `env`; see the module docstring."""
   first = env.reset(task)
   budget = max_turns if max_turns is not None else env.config.max_turns
   p = _Player(env, budget)
+  no_loss = []
   try:
     files = [m.group(1) for m in map(_LS_RE.match, p.act("ls").split("\n")) if m]
     tests = [f for f in files if f.rsplit("/", 1)[-1].startswith("test_") and f.endswith(".py")]
@@ -214,6 +252,12 @@ def play_expert(env, task, max_turns: int | None = None) -> ExpertResult:
             p.act("replace", path=module, start=old_line, end=old_line,
                   text=original[module][old_line - 1])
             sources[module][old_line - 1] = original[module][old_line - 1]
+          if recover and not applied and not no_loss:
+            wrong = _wrong_repair(original[module], name, cases[name], line)
+            if wrong is not None:  # The mistake, untaught; then the failure it causes.
+              no_loss.append(len(p.turns))
+              p.act("replace", path=module, start=line, end=line, text=wrong)
+              p.act("test")
           p.act("replace", path=module, start=line, end=line, text=new)
           sources[module][line - 1] = new
           applied[name] = line
@@ -229,4 +273,5 @@ def play_expert(env, task, max_turns: int | None = None) -> ExpertResult:
   except _OutOfTurns:
     pass
   solved = p.done and p.end_reason == "submit" and p.reward == 1.0
-  return ExpertResult(first, p.turns, p.reward, solved, p.end_reason, p.infos)
+  return ExpertResult(first, p.turns, p.reward, solved, p.end_reason, p.infos,
+                      no_loss_turns=tuple(no_loss))

@@ -33,6 +33,9 @@ class EnvFamily:
   play_expert: Callable[[Any, Any], Any]
   # (spec, path or None) -> the run's envs.audit.AuditLog, with the env's audit options.
   make_audit_log: Callable[[Any, Any], Any] = lambda spec, path: _audit_log(path)
+  # (env, task) -> a recovery demonstration: like play_expert's, with a deliberate wrong
+  # step and its correction (.no_loss_turns lists the turns not to teach). None: none.
+  play_recovery: Callable[[Any, Any], Any] | None = None
 
 
 def _audit_log(path, **options):
@@ -55,11 +58,16 @@ def _swe() -> EnvFamily:
     from agentic_rl.envs.expert import play_expert as play
     return play(env, task)
 
+  def play_recovery(env, task):
+    from agentic_rl.envs.expert import play_recovery as play
+    return play(env, task)
+
   def make_audit_log(spec, path):
     return _audit_log(path, fsync=spec.audit_fsync, max_arg_chars=spec.audit_max_arg_chars)
 
   return EnvFamily("swe", swe_config.EnvSpec, make_env, task_source,
-                   lambda task: task.bugs[0].family, play_expert, make_audit_log)
+                   lambda task: task.bugs[0].family, play_expert, make_audit_log,
+                   play_recovery)
 
 
 def _countdown() -> EnvFamily:
@@ -99,11 +107,26 @@ def env_name(env_config: Any) -> str:
   return getattr(env_config, "name")
 
 
-def build_spec(env_config: Any, *, max_turns: int | None = None) -> Any:
-  """`config.env` as its env's spec (checked once), with the run's turn budget."""
+# Advantage estimators that read the env's per-turn process signals.
+PROCESS_SIGNAL_ESTIMATORS = ("turn_level", "gae")
+
+
+def build_spec(env_config: Any, *, max_turns: int | None = None,
+               process_signals: bool | None = None) -> Any:
+  """`config.env` as its env's spec (checked once), with the run's turn budget and, for an
+  env that can measure per-edit process signals, whether any of the run's advantage
+  estimators reads them (`reads_process_signals`)."""
   family = get(env_name(env_config))
   joined = {} if max_turns is None else {"max_turns": max_turns}
+  fields = {f.name for f in dataclasses.fields(family.spec_type)}
+  if process_signals is not None and "process_signal_on_edit" in fields:
+    joined["process_signal_on_edit"] = bool(process_signals)
   return from_config_dict(family.spec_type, env_config, "config.env", **joined)
+
+
+def reads_process_signals(*estimators: str) -> bool:
+  """Whether any of these advantage estimators reads per-turn process signals."""
+  return any(e in PROCESS_SIGNAL_ESTIMATORS for e in estimators)
 
 
 def family_of(spec: Any) -> EnvFamily:

@@ -134,18 +134,47 @@ def _finalize_metrics(sums, norms, grad_norm, finite, state, lr):
   return metrics
 
 
+class PrecompilingJit:
+  """`jax.jit(fn)` that can also compile ahead of time: `precompile(*args)` compiles for the
+  shapes, dtypes and shardings of `args` without running anything, and a later call whose
+  arguments match runs that executable. Any other call goes through jit as usual."""
+
+  def __init__(self, fn, **jit_kwargs):
+    self._jitted = jax.jit(fn, **jit_kwargs)
+    self._compiled = {}
+
+  def lower(self, *args):
+    return self._jitted.lower(*args)
+
+  def precompile(self, *args) -> None:
+    key = _signature(args)
+    if key not in self._compiled:
+      self._compiled[key] = self._jitted.lower(*args).compile()
+
+  def __call__(self, *args):
+    compiled = self._compiled.get(_signature(args)) if self._compiled else None
+    return (compiled or self._jitted)(*args)
+
+
+def _signature(args) -> tuple:
+  leaves, treedef = jax.tree.flatten(args)
+  return treedef, tuple((np.shape(x), np.result_type(x), getattr(x, "sharding", None))
+                        for x in leaves)
+
+
 def jit_donating_state(fn, *, donate: bool):
   """`fn(state, *args) -> (state, out)` jitted; with `donate`, the state's buffers are
   donated to the new state's (the caller's `state` is spent), all but the frozen
   ref_params, which pass through undonated. A reference that shares buffers with the rest
   of the state (taken from the params at RL's start) is copied once, on the first call,
-  and the new state carries the copy. `.lower(state, *args)` lowers it."""
+  and the new state carries the copy. `.lower(state, *args)` lowers it;
+  `.precompile(state, *args)` compiles it for those shapes without running it."""
 
   def without_reference(core: TrainState, ref_params, *args):
     new_state, out = fn(core.replace(ref_params=ref_params), *args)
     return new_state.replace(ref_params=None), out
 
-  jitted = jax.jit(without_reference, donate_argnums=(0,) if donate else ())
+  jitted = PrecompilingJit(without_reference, donate_argnums=(0,) if donate else ())
 
   def call(state: TrainState, *args):
     core, ref = state.replace(ref_params=None), state.ref_params
@@ -156,6 +185,8 @@ def jit_donating_state(fn, *, donate: bool):
 
   call.lower = lambda state, *args: jitted.lower(state.replace(ref_params=None),
                                                  state.ref_params, *args)
+  call.precompile = lambda state, *args: jitted.precompile(state.replace(ref_params=None),
+                                                           state.ref_params, *args)
   return call
 
 
@@ -266,16 +297,28 @@ def make_train_step(model, spec: RLSpec, *, donate: bool = False):
   With `donate` the state passed in is spent: its buffers become the new state's."""
   if spec.updates_per_step == 1:
     update = make_update(model, spec, donate=donate)
-    return lambda state, batch: update(state, batch, None)
+    one_update = lambda state, batch: update(state, batch, None)
+    one_update.precompile = lambda state, batch: update.precompile(state, batch, None)
+    return one_update
   update = _update_fn(model, spec)
 
   micro = spec.optim.num_micro_batches
   scores_old_policy = learner.needs_old_policy_forward(spec)
-  score_fn = jax.jit(lambda params, ref_params, batch: learner.with_old_policy(
+  score_fn = PrecompilingJit(lambda params, ref_params, batch: learner.with_old_policy(
       model, params, batch, spec, ref_params))
-  advantages_fn = jax.jit(lambda batch: _step_advantages(spec, batch))
+  advantages_fn = PrecompilingJit(lambda batch: _step_advantages(spec, batch))
   update_rows = jit_donating_state(lambda state, batch, adv_bt, rows: update(
       state, _take_rows(batch, rows), _take_rows(adv_bt, rows)), donate=donate)
+
+  def precompile(state: TrainState, batch: Batch) -> None:
+    """Compiles every program a step on a batch shaped like `batch` runs; nothing trains.
+    The (cheap) old-policy scoring runs, to give the update its inputs."""
+    score_fn.precompile(state.params, state.ref_params, batch)
+    scored = score_fn(state.params, state.ref_params, batch)
+    advantages_fn.precompile(scored)
+    adv_bt = advantages_fn(scored)
+    rows = jnp.zeros((batch.batch_size // spec.minibatches,), jnp.int32)
+    update_rows.precompile(state, scored, adv_bt, rows)
 
   def train_step(state: TrainState, batch: Batch):
     b, mb = batch.batch_size, spec.minibatches
@@ -305,4 +348,5 @@ def make_train_step(model, spec: RLSpec, *, donate: bool = False):
     metrics["updates"] = jnp.float32(len(per_update))
     return state, metrics
 
+  train_step.precompile = precompile
   return train_step

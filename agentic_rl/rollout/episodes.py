@@ -112,6 +112,25 @@ def finished_trajectory(active: Active, temperature: float) -> Trajectory:
       temperature=temperature, prompt_length=g.cache_len, error=active.error)
 
 
+def placeholder_trajectory(model_spec, temperature: float, length: int) -> Trajectory:
+  """A trajectory of `length` padding-like tokens (id 0, no loss) with every record the
+  sampler keeps, shaped as the engine's: batches of it compile the learner ahead of time."""
+  ms = model_spec
+  width = sampling_mask_lib.packed_width(ms.vocab_size)
+  zeros_i, zeros_f = np.zeros(length, np.int32), np.zeros(length, np.float32)
+  shapes = {"experts": (length, ms.moe.num_experts_per_token),
+            "blocks": (ms.num_kv_heads, length, ms.num_selected_blocks)}
+  replay = tuple({k: np.zeros(shapes[k], np.int32) for k in ms.replay_keys(i)}
+                 for i in range(ms.num_layers))
+  return Trajectory(
+      trajectory_id=0, group_id=0, member=0, seed=0, task=None, tokens=zeros_i,
+      loss_mask=zeros_f, sampler_logp=zeros_f.copy(),
+      sampling_mask=np.zeros((length, width), np.uint8), policy_version=zeros_i.copy(),
+      turn_index=zeros_i.copy(), replay=replay, turn_spans=[], turn_end_reasons=[],
+      process_signals=[], tool_infos=[], reward=0.0, end_reason="placeholder",
+      temperature=temperature, prompt_length=0)
+
+
 def unstarted_trajectory(group: Group, m: Member, reason: str, error: str, replay,
                          vocab_size: int, temperature: float) -> Trajectory:
   """A member of a group that could not start: no tokens, reward 0, `replay` copied."""

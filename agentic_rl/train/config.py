@@ -34,7 +34,15 @@ class TrainSpec:
   sft_validation_demos: int = 64
   sft_patience: int = 3
   sft_min_delta: float = 0.002
+  # Share of SFT demonstrations (and validation ones) that are recovery plays: a wrong
+  # first edit carrying no loss, its failing test, the correction (the env's
+  # play_recovery). Set it from the base's measured share of failed first edits.
+  sft_recovery_share: float = 0.0
   groups_per_step: int = 4  # Task groups per RL step (each of config.rollout.group_size).
+  # RL learner batches pad to the smallest of these lengths that holds their longest
+  # trajectory; each compiles before the RL clock starts. () = quarters of
+  # config.rollout.max_len rounded up to 128 (train/learner_lengths.py).
+  learner_lengths: tuple[int, ...] = ()
   eval_every: int = 10  # RL steps between held-out evaluations (and at the end).
   eval_tasks: int = 32  # Held-out tasks per evaluation.
   # 0 = greedy. Above 0 the held-out solve rate is the policy's pass@1 at this temperature,
@@ -67,6 +75,8 @@ class TrainSpec:
     check(self.sft_eval_every >= 0, "sft_eval_every", self.sft_eval_every,
           "an integer >= 0 (0 = no plateau stop)")
     check(self.sft_min_delta >= 0, "sft_min_delta", self.sft_min_delta, "a number >= 0")
+    check(0.0 <= self.sft_recovery_share <= 1.0, "sft_recovery_share",
+          self.sft_recovery_share, "a number in [0, 1]")
     for name in ("sft_validation_demos", "sft_patience", "sft_demos", "sft_batch_size",
                  "groups_per_step", "eval_every", "eval_tasks", "eval_samples",
                  "checkpoint_every", "keep_checkpoints", "log_samples_every",

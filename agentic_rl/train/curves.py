@@ -17,21 +17,30 @@ from matplotlib.ticker import MaxNLocator
 
 from agentic_rl.train.evaluation import Z95
 
+# Held-out behaviour (train/behaviour.py), drawn at each evaluation: (key, label).
+BEHAVIOUR_SERIES = (("heldout/multi_edit_share", "two or more edits"),
+                    ("heldout/retry_success_rate", "retry success"),
+                    ("heldout/wrong_submit_share", "wrong submits"),
+                    ("heldout/out_of_turns_share", "out of turns"))
+# Where each step's rollout time went (RolloutStats): (key, label).
+TIME_SERIES = (("rollout/decode_seconds", "decode"), ("rollout/prefill_seconds", "prefill"),
+               ("rollout/env_wait_seconds", "env wait"), ("learner/seconds", "learner"))
 CURVE_KEYS = ("rollout/reward_mean", "rollout/solve_rate", "rollout/solve_stderr",
               "heldout/solve_rate", "heldout/solve_stderr", "mismatch/k3",
-              "rollout/tokens_per_s", "learner/generated_tokens_per_s")
+              "rollout/tokens_per_s", "learner/generated_tokens_per_s",
+              *(k for k, _ in BEHAVIOUR_SERIES), *(k for k, _ in TIME_SERIES))
 
 
 def history_row(step, logged: dict) -> dict:
   """{"step": step, key: float} for the curve keys present in `logged`.
 
-  Values become plain floats (numpy / jax scalars are not JSON-able); missing keys and
-  non-finite values are left out, so the row stays strict JSON and the plot, which
-  skips them anyway, sees the same thing.
+  Values become plain floats (numpy / jax scalars are not JSON-able); missing keys, None
+  (a share of nothing) and non-finite values are left out, so the row stays strict JSON
+  and the plot, which skips them anyway, sees the same thing.
   """
   row = {"step": int(step)}
   for key in CURVE_KEYS:
-    if key in logged:
+    if logged.get(key) is not None:
       value = float(logged[key])
       if math.isfinite(value):
         row[key] = value
@@ -79,11 +88,13 @@ def _plot_lines(ax, history: list[dict], series: tuple, legend: bool) -> list[fl
 
 
 def curves_figure(history: list[dict], *, title: str = "") -> Figure:
-  """The 2x2 learning-curve figure of `history` (one dict per RL step, see CURVE_KEYS).
+  """The 2x3 learning-curve figure of `history` (one dict per RL step, see CURVE_KEYS):
+  (a) reward, (b) solve rates, (e) held-out behaviour on the top row; (c) mismatch,
+  (d) throughput, (f) time split below.
 
   Each line / error-bar series carries a label (reward, train, held-out, mismatch k3,
-  rollout, learner) so callers and tests can find it by name; series without data are
-  not drawn.
+  rollout, learner, the behaviour and time labels) so callers and tests can find it by
+  name; series without data are not drawn.
   """
   if not history:
     raise ValueError("learning curves need a non-empty history (one dict per RL step)")
@@ -91,9 +102,9 @@ def curves_figure(history: list[dict], *, title: str = "") -> Figure:
     if "step" not in row:
       raise ValueError(f"history row {i} has no 'step'; got keys {sorted(row)}")
 
-  fig = Figure(figsize=(12, 8), layout="constrained")
+  fig = Figure(figsize=(18, 8), layout="constrained")
   FigureCanvasAgg(fig)
-  ax_reward, ax_solve, ax_kl, ax_tps = fig.subplots(2, 2).flat
+  ax_reward, ax_solve, ax_behaviour, ax_kl, ax_tps, ax_time = fig.subplots(2, 3).flat
 
   _plot_lines(ax_reward, history, (("rollout/reward_mean", "reward"),), legend=False)
   ax_reward.set(title="(a) Rollout reward", xlabel="RL step", ylabel="mean reward")
@@ -123,6 +134,13 @@ def curves_figure(history: list[dict], *, title: str = "") -> Figure:
   _plot_lines(ax_tps, history, (("rollout/tokens_per_s", "rollout"),
                                 ("learner/generated_tokens_per_s", "learner")), legend=True)
   ax_tps.set(title="(d) Throughput", xlabel="RL step", ylabel="tokens / s")
+
+  # Before RL is the first point (step 0), after RL the last.
+  _plot_lines(ax_behaviour, history, BEHAVIOUR_SERIES, legend=True)
+  ax_behaviour.set(title="(e) Held-out behaviour", xlabel="RL step",
+                   ylabel="share of episodes (retry success: of retries)")
+  _plot_lines(ax_time, history, TIME_SERIES, legend=True)
+  ax_time.set(title="(f) Time per RL step", xlabel="RL step", ylabel="seconds")
 
   for ax in fig.axes:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from agentic_rl.train import behaviour
 from agentic_rl.train import distributed
 from agentic_rl.train.evaluation import (heldout_scores, heldout_solved_matrix, pass1_stderr,
                                          pass_at_k_curve)
@@ -51,6 +52,7 @@ class Evaluator:
     # Rows come back in process order; each process holds every num_processes-th task.
     solved_bk = distributed.all_gather(self.info, solved_bk.reshape(-1)).reshape(-1, samples)
     rewards = distributed.all_gather(self.info, rewards)
+    counts = distributed.all_gather(self.info, behaviour.count_vector(trajs))
     curve = pass_at_k_curve(solved_bk)
     return {**self.settings(),
             **heldout_scores(solved_bk),  # solve_rate, pass_at_k (any of k), samples
@@ -60,6 +62,8 @@ class Evaluator:
             "heldout/sharpening_headroom": curve[samples] - curve[1],
             "heldout/mean_reward": float(np.mean(rewards)),
             "heldout/episodes": int(rewards.size),
+            # Edits, retries and how episodes ended (train/behaviour.py).
+            **behaviour.behaviour_scores(counts.reshape(-1, len(behaviour.COUNTS)).sum(0)),
             "heldout/seconds": time.time() - t0}
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from agentic_rl.envs import env as env_lib
 from agentic_rl.parallel import placement
 from agentic_rl.rollout import config as rollout_config_lib
+from agentic_rl.train import behaviour
 from agentic_rl.train.evaluation import SOLVED_REWARD, paired_gain, pass1_stderr
 from agentic_rl.train.evaluator import SETTING_KEYS
 from agentic_rl.train.run_state import RunState
@@ -99,6 +100,7 @@ def summarize(run: RunState, *, start_wall: float, params, config, comparable: b
         np.asarray(final["heldout/solves_per_task"])[:, None]
         / final["heldout/samples_per_task"])
   return {
+      **behaviour_summary(start, final),
       "heldout_gain": None if gain is None else gain["gain"],
       "heldout_gain_stderr": None if gain is None else gain["stderr"],
       "heldout_gain_ci95": None if gain is None else [gain["ci95_low"], gain["ci95_high"]],
@@ -125,6 +127,18 @@ def summarize(run: RunState, *, start_wall: float, params, config, comparable: b
   }
 
 
+def behaviour_summary(start: dict, final: dict) -> dict:
+  """Held-out behaviour before and after RL (train/behaviour.py): multi-edit share, retry
+  success, wrong submits, out-of-turns, and the change of the share of solved episodes
+  that needed a retry, with its 95% interval."""
+  keys = [k[len("heldout/"):] for k in behaviour.behaviour_scores(
+      np.zeros(len(behaviour.COUNTS), np.int64))]
+  return {"heldout_behaviour_sft": {k: start.get(f"heldout/{k}") for k in keys},
+          "heldout_behaviour_final": {k: final.get(f"heldout/{k}") for k in keys},
+          "heldout_solved_with_retry_change": behaviour.share_change(
+              start, final, "retried_solved", "solved")}
+
+
 def format_summary(summary: dict) -> str:
   rows = [(k, summary.get(k)) for k in ("heldout_solve_rate_sft", "heldout_solve_rate_final",
                                         "heldout_pass_at_k_sft", "heldout_pass_at_k_final",
@@ -141,6 +155,18 @@ def format_summary(summary: dict) -> str:
                  f"{100 * summary['heldout_gain']:+.1f} points, 95% interval "
                  f"[{100 * low:+.1f}, {100 * high:+.1f}] (paired over "
                  f"{summary['heldout_episodes']} episodes)")
+  before, after = summary.get("heldout_behaviour_sft"), summary.get("heldout_behaviour_final")
+  if before and after and before.get("multi_edit_share") is not None:
+    show = lambda d, k: "n/a" if d.get(k) is None else f"{100 * d[k]:.1f}%"
+    lines.append("held-out behaviour, before -> after RL: " + "; ".join(
+        f"{label} {show(before, k)} -> {show(after, k)}" for label, k in (
+            ("two or more edits", "multi_edit_share"), ("retry success", "retry_success_rate"),
+            ("wrong submits", "wrong_submit_share"), ("out of turns", "out_of_turns_share"))))
+  change = summary.get("heldout_solved_with_retry_change")
+  if change:
+    lines.append(f"solved episodes that needed a retry: {100 * change['before']:.1f}% -> "
+                 f"{100 * change['after']:.1f}% ({100 * change['change']:+.1f} points, 95% "
+                 f"interval [{100 * change['ci95'][0]:+.1f}, {100 * change['ci95'][1]:+.1f}])")
   if summary.get("curves"):
     lines.append(f"learning curves: {summary['curves']}")
   return "\n".join(lines)

@@ -13,8 +13,9 @@ from agentic_rl.records.trajectory import to_batch
 from agentic_rl.rl import dynamic_sampling
 from agentic_rl.rl import task_selection
 from agentic_rl.rl.train_step import TrainState
+from agentic_rl.rollout import episodes
+from agentic_rl.train import learner_lengths
 from agentic_rl.train import reporting
-from agentic_rl.train import sft as sft_lib
 from agentic_rl.train.curves import history_row
 from agentic_rl.train.evaluation import episode_rates
 from agentic_rl.train.evaluator import scalar_metrics
@@ -57,6 +58,10 @@ def run_rl(ctx: RunContext, state: TrainState, run: RunState) -> TrainState:
     t0 = time.time()
     compiled = route.engine.warm_up()
     ctx.say(f"rollout steps compiled in {time.time() - t0:.1f}s ({compiled} programs)")
+    t0 = time.time()
+    _precompile_learner(ctx, route, state)
+    ctx.say(f"learner steps compiled in {time.time() - t0:.1f}s (lengths "
+            f"{', '.join(map(str, ctx.learner_lengths))})")
   pool = _task_pool(ctx, run)
   sampler = dynamic_sampling.DynamicSampler(pool)  # One per run: its estimate carries on.
   if run.sampler:
@@ -77,6 +82,18 @@ def run_rl(ctx: RunContext, state: TrainState, run: RunState) -> TrainState:
   return state
 
 
+def _precompile_learner(ctx: RunContext, route, state) -> None:
+  """Compiles the route's learner step for a batch of every learner length, shaped as a
+  step's (this process's groups x group size rows, placed on the mesh): no RL step
+  compiles its learner."""
+  rows = ctx.train_spec.groups_per_step // ctx.info.process_count * route.rollout_spec.group_size
+  for length in ctx.learner_lengths:
+    placeholder = episodes.placeholder_trajectory(route.model.spec,
+                                                  route.rollout_spec.temperature, length)
+    with ctx.learning():
+      route.train_step.precompile(state, ctx.place_rows(to_batch([placeholder] * rows)))
+
+
 def _score_start(ctx: RunContext, state, run: RunState):
   """Scores the params RL starts from, once, so the summary compares like with like."""
   evaluator = ctx.evaluator
@@ -91,8 +108,7 @@ def _score_start(ctx: RunContext, state, run: RunState):
     return
   start = run.heldout_sft = evaluator.score(ctx.routes.for_step(0), state.params)
   ctx.logger.scalars(run.global_step, scalar_metrics(start, "heldout_sft/"))
-  run.history.append(history_row(0, {"heldout/solve_rate": start["heldout/solve_rate"],
-                                     "heldout/solve_stderr": start["heldout/solve_stderr"]}))
+  run.history.append(history_row(0, scalar_metrics(start)))  # Held-out keys only.
   ctx.say(f"held-out solve rate of the RL starting point: {start['heldout/solve_rate']:.3f} "
           f"± {start['heldout/solve_stderr']:.3f} ({start['heldout/episodes']} episodes, "
           f"{start['heldout/seconds']:.0f}s)")
@@ -123,11 +139,10 @@ def _rl_step(ctx: RunContext, sampler, state, run: RunState, num_steps: int
   t0 = time.time()
   trajs, numbers, outcome_rewards, rollout_logged = _collect(ctx, route, sampler, state, step)
   t1 = time.time()
-  # Every process pads to one length: the longest trajectory rounded up to a multiple
-  # of 128 (a handful of shapes to compile, far less padding than max_len).
+  # Every process pads to one length: the smallest learner length that holds the longest
+  # trajectory (each compiled before the RL clock; far less padding than max_len).
   longest = int(ctx.gather(np.asarray([max(t.length for t in trajs)], np.int64)).max())
-  local_batch = to_batch(trajs, length=sft_lib.padded_length(
-      max(longest, 1), route.rollout_spec.max_len, multiple=128))  # 0: nothing started.
+  local_batch = to_batch(trajs, length=learner_lengths.bucket(longest, ctx.learner_lengths))
   with ctx.learning():
     state, metrics = route.train_step(state, ctx.place_rows(local_batch))
   # Pinned to the rules' shardings (a no-op where the step kept them).

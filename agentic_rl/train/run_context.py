@@ -40,6 +40,7 @@ class RunContext:
   checkpoints: Checkpointer
   logger: MetricsLogger
   stop: threading.Event  # Set by SIGTERM: save and return.
+  learner_lengths: tuple[int, ...]  # RL batches pad to one of these (train/learner_lengths.py).
 
   def gather(self, x):
     return distributed.all_gather(self.info, x)

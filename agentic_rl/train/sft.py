@@ -36,20 +36,50 @@ def sft_learner_spec(rl_spec, train_spec):
 
 
 def record_demonstrations(model, params, rollout_spec, tokenizer, env_factory, tasks, *,
-                          play_expert, steps=None) -> list[Trajectory]:
+                          play_expert, steps=None, play_recovery=None,
+                          recovery: Sequence[bool] = ()) -> list[Trajectory]:
   """One teacher-forced trajectory per task, replaying the actions of the env's expert
-  (`play_expert(env, task)`, registry.EnvFamily.play_expert)."""
+  (`play_expert(env, task)`, registry.EnvFamily.play_expert), or of its recovery play
+  where `recovery[i]` (the deliberate mistake's tokens then carry no loss)."""
   # One demonstration per task: G identical teacher-forced copies would teach nothing more.
   rollout_spec = dataclasses.replace(rollout_spec, group_size=1)
-  actions = teacher_lib.record_expert_actions(tasks, env_factory, play_expert)
-  by_task = {id(task): a for task, a in zip(tasks, actions)}
+  episodes = teacher_lib.play_on_fresh_envs(
+      list(enumerate(tasks)), env_factory,
+      lambda env, item: _player(item[0], play_expert, play_recovery, recovery)(env, item[1]))
+  by_task = {id(task): [action for action, _ in e.turns] for task, e in zip(tasks, episodes)}
+  no_loss = {id(task): _no_loss_turns(e) for task, e in zip(tasks, episodes)}
   engine = engine_lib.RolloutEngine(
       model, params, rollout_spec, tokenizer, env_factory, steps=steps,
       teacher_factory=lambda task: teacher_lib.ReplayTeacher(by_task[id(task)]))
   try:
-    return engine.run(tasks)
+    trajectories = engine.run(tasks)
   finally:
     engine.close()
+  for t in trajectories:  # Turn k's action tokens carry turn index k.
+    for k in no_loss[id(t.task)]:
+      t.loss_mask[t.turn_index == k] = 0.0
+  return trajectories
+
+
+def _player(i: int, play_expert, play_recovery, recovery: Sequence[bool]):
+  if i < len(recovery) and recovery[i]:
+    if play_recovery is None:
+      raise ValueError("recovery demonstrations were asked for (config.train."
+                       "sft_recovery_share > 0) but the env has no recovery play.")
+    return play_recovery
+  return play_expert
+
+
+def _no_loss_turns(episode) -> tuple[int, ...]:
+  return tuple(getattr(episode, "no_loss_turns", ()))
+
+
+def recovery_flags(num_tasks: int, share: float, seed: int) -> list[bool]:
+  """Which of `num_tasks` demonstrations are recovery plays: round(share * num_tasks) of
+  them, spread by a seeded permutation (the same for every process)."""
+  count = int(round(share * num_tasks))
+  order = np.random.default_rng([seed, 13]).permutation(num_tasks)
+  return (order < count).tolist()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +94,13 @@ class Demonstration:
 
 def render_demonstration(tokenizer, rollout_spec, first_observation: str,
                          turns: Sequence[tuple[str, str]], system_prompt: str = "",
-                         tools=None) -> Demonstration | None:
+                         tools=None, no_loss_turns: Sequence[int] = ()
+                         ) -> Demonstration | None:
   """One expert episode with the engine's token layout; None if the engine would cut an action.
 
   An action longer than max_new_tokens_per_turn would be truncated before the env saw it, so
   the recorded observations would no longer follow: such episodes are not demonstrations.
+  The actions of `no_loss_turns` (indices into `turns`) get loss mask 0.
   """
   spec = rollout_spec
   # The engine's text boundary: what it would feed the tokenizer (no lone surrogates).
@@ -86,9 +118,10 @@ def render_demonstration(tokenizer, rollout_spec, first_observation: str,
         [tokenizer.end_turn_id]
     if len(ids) > spec.max_new_tokens_per_turn:
       return None
+    taught = 0.0 if n - 1 in no_loss_turns else 1.0
     for i, tok in enumerate(ids):
       tokens.append(tok)
-      mask.append(1.0)
+      mask.append(taught)
       if i + 1 < len(ids) and len(tokens) >= limit:  # The engine ends mid-turn here.
         return Demonstration(np.asarray(tokens, np.int32), np.asarray(mask, np.float32))
     last = n == len(turns)  # The expert's last action ends the episode (submit).
@@ -104,16 +137,19 @@ def render_demonstration(tokenizer, rollout_spec, first_observation: str,
 
 
 def render_demonstrations(tokenizer, rollout_spec, env_factory, tasks, system_prompt: str = "",
-                          *, play_expert) -> list[Demonstration | None]:
-  """The expert plays every task on fresh envs; None where an action exceeds the turn's cap
-  (the engine would truncate it: record those with `record_demonstrations`)."""
-  def play(env, task):
-    r = play_expert(env, task)
+                          *, play_expert, play_recovery=None, recovery: Sequence[bool] = ()
+                          ) -> list[Demonstration | None]:
+  """The expert plays every task on fresh envs (its recovery play where `recovery[i]`);
+  None where an action exceeds the turn's cap (the engine would truncate it: record those
+  with `record_demonstrations`)."""
+  def play(env, item):
+    i, task = item
+    r = _player(i, play_expert, play_recovery, recovery)(env, task)
     prompt = getattr(env, "system_prompt", None) or system_prompt
     return render_demonstration(tokenizer, rollout_spec, r.first_observation, r.turns, prompt,
-                                getattr(env, "tools", None))
+                                getattr(env, "tools", None), _no_loss_turns(r))
 
-  return teacher_lib.play_on_fresh_envs(tasks, env_factory, play)
+  return teacher_lib.play_on_fresh_envs(list(enumerate(tasks)), env_factory, play)
 
 
 def padded_length(longest: int, max_len: int, multiple: int = 64) -> int:

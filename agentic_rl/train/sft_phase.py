@@ -61,22 +61,28 @@ def _demonstration_arrays(ctx: RunContext, route, state) -> tuple[dict, int]:
   """This process's share of the expert's demonstrations as padded arrays, and the
   length every process pads to (the batch is one global array)."""
   tc = ctx.train_spec
-  tasks = [ctx.train_source[i] for i in distributed.shard_indices(tc.sft_demos, ctx.info)]
+  indices = distributed.shard_indices(tc.sft_demos, ctx.info)
+  tasks = [ctx.train_source[i] for i in indices]
+  every = sft_lib.recovery_flags(tc.sft_demos, tc.sft_recovery_share, ctx.config.seed)
+  recovery = [every[i] for i in indices]
+  plays = dict(play_expert=ctx.env_family.play_expert,
+               play_recovery=ctx.env_family.play_recovery)
   t0 = time.time()
   demos = sft_lib.render_demonstrations(ctx.tokenizer, route.rollout_spec, ctx.env_factory,
                                         tasks, route.rollout_spec.system_prompt,
-                                        play_expert=ctx.env_family.play_expert)
+                                        recovery=recovery, **plays)
   long_idx = [i for i, d in enumerate(demos) if d is None]
   if long_idx:  # An action over max_new_tokens_per_turn: the engine truncates it as RL would.
     recorded = sft_lib.record_demonstrations(
         route.model, route.sampler_params(state.params), route.rollout_spec, ctx.tokenizer,
-        ctx.env_factory, [tasks[i] for i in long_idx],
-        play_expert=ctx.env_family.play_expert, steps=route.engine.steps)
+        ctx.env_factory, [tasks[i] for i in long_idx], steps=route.engine.steps,
+        recovery=[recovery[i] for i in long_idx], **plays)
     for i, d in zip(long_idx, recorded):
       demos[i] = d
   longest = int(ctx.gather(np.asarray([max(d.length for d in demos)], np.int64)).max())
   length = sft_lib.padded_length(longest, route.rollout_spec.max_len)
-  ctx.say(f"SFT: {len(demos)} expert demonstrations in {time.time() - t0:.1f}s (mean "
+  ctx.say(f"SFT: {len(demos)} expert demonstrations, {sum(recovery)} of them recovery "
+          f"plays, in {time.time() - t0:.1f}s (mean "
           f"{np.mean([d.length for d in demos]):.0f} tokens, padded to {length}; "
           f"{len(long_idx)} with an action over max_new_tokens_per_turn, recorded through "
           "the engine)")
@@ -87,9 +93,12 @@ def _plateau(ctx: RunContext, route, length: int) -> sft_lib.PlateauStop:
   """The plateau stop, scoring demonstrations of train tasks the SFT set does not hold."""
   tc = ctx.train_spec
   tasks = [ctx.train_source[tc.sft_demos + i] for i in range(tc.sft_validation_demos)]
-  demos = sft_lib.render_demonstrations(ctx.tokenizer, route.rollout_spec, ctx.env_factory,
-                                        tasks, route.rollout_spec.system_prompt,
-                                        play_expert=ctx.env_family.play_expert)
+  # The same share of recovery plays as the training set: the plateau tracks what trains.
+  demos = sft_lib.render_demonstrations(
+      ctx.tokenizer, route.rollout_spec, ctx.env_factory, tasks,
+      route.rollout_spec.system_prompt, play_expert=ctx.env_family.play_expert,
+      play_recovery=ctx.env_family.play_recovery,
+      recovery=sft_lib.recovery_flags(len(tasks), tc.sft_recovery_share, ctx.config.seed + 1))
   demos = [d for d in demos if d is not None]
   arrays = {k: jnp.asarray(v) for k, v in sft_lib.demonstration_arrays(demos, length).items()}
   score = jax.jit(lambda p: sft_lib.demonstration_scores(route.model, p, arrays))

@@ -31,6 +31,7 @@ from agentic_rl.rollout import tokenizer as tokenizer_lib
 from agentic_rl.train import config as train_config_lib
 from agentic_rl.train import distributed
 from agentic_rl.train import fingerprint as fingerprint_lib
+from agentic_rl.train import learner_lengths
 from agentic_rl.train import reporting
 from agentic_rl.train.checkpointing import Checkpointer
 from agentic_rl.train.curves import write_curves
@@ -51,14 +52,21 @@ class Trainer:
     self.config = config
     self.workdir = os.path.abspath(workdir)
     self.train_spec = tc = train_config_lib.validate_train_config(config.train)
+    self.learner_lengths = learner_lengths.learner_lengths(tc.learner_lengths,
+                                                           config.rollout.max_len)
     self.info = distributed.initialize(tc.coordinator_address, tc.num_processes, tc.process_id)
     # The learner's mesh (config.mesh), checked against the devices and the model first.
     self.mesh = mesh_lib.build_mesh(mesh_config.validate_mesh_config(config.mesh),
                                     model_config.validate(config.model))
     self.tokenizer = tokenizer_lib.make_tokenizer(config.tokenizer)
     # The env by name (config.env.name): its spec, envs, tasks, families and expert.
-    self.env_spec = spec = registry.build_spec(config.env, max_turns=config.rollout.max_turns)
+    self.env_spec = spec = registry.build_spec(
+        config.env, max_turns=config.rollout.max_turns,
+        process_signals=registry.reads_process_signals(*_estimators(config, tc)))
     self.env_family = family = registry.family_of(spec)
+    if tc.sft_recovery_share > 0 and family.play_recovery is None:
+      raise ValueError(f"config.train.sft_recovery_share={tc.sft_recovery_share}: the "
+                       f"{spec.name!r} env has no recovery play; set it to 0.")
     # RL draws from the default tier and every tier of the curriculum.
     wanted = (spec.default_tier,) + tuple(
         t for t in config.rl.task_selection.get("curriculum", ()) if t != spec.default_tier)
@@ -127,7 +135,7 @@ class Trainer:
                                                  self.env_spec.default_tier),
         tasks=self.tasks, routes=self.routes, evaluator=self.evaluator,
         state_io=self.state_io, checkpoints=ckpt, logger=self._logger,
-        stop=threading.Event())
+        stop=threading.Event(), learner_lengths=self.learner_lengths)
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: ctx.stop.set())
     try:
       state = run_sft(ctx, state, run)
@@ -180,3 +188,11 @@ def load_params_with(config, path: str, source: str) -> tuple[Any, dict]:
       return trainer.load_params(path, source)
     finally:
       trainer.close()
+
+
+def _estimators(config: ml_collections.ConfigDict, tc) -> tuple[str, ...]:
+  """The advantage estimators the run's stages use: its own, and route A's after a switch."""
+  own = config.rl.advantage.estimator
+  if tc.switch_to_route_a_at < 0:
+    return (own,)
+  return own, train_config_lib.route_a_config(config).rl.advantage.estimator

@@ -18,8 +18,9 @@ from agentic_rl.envs.sandbox import IsolationUnavailable, resolve_isolation
 
 
 def env_config(isolation: str = "auto", timeout_s: float = 1.5, max_turns: int | None = None,
-               **overrides) -> EnvSpec:
-  """The env spec with these sandbox settings; `a__b=v` overrides field a.b."""
+               process_signal_on_edit: bool | None = None, **overrides) -> EnvSpec:
+  """The env spec with these sandbox settings; `a__b=v` overrides field a.b. The joined
+  fields (max_turns, process_signal_on_edit) are passed as a run joins them."""
   c = default_env_config()
   c.sandbox.isolation = isolation
   c.sandbox.timeout_s = timeout_s
@@ -29,7 +30,8 @@ def env_config(isolation: str = "auto", timeout_s: float = 1.5, max_turns: int |
     for p in parents:
       target = target[p]
     target[leaf] = v
-  return validate_env_config(c, max_turns=max_turns)
+  return validate_env_config(c, max_turns=max_turns,
+                             process_signal_on_edit=process_signal_on_edit)
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,11 +1,12 @@
 """The scripted expert: it solves every generated task through the tool protocol alone."""
 
 import dataclasses
+import re
 
 import pytest
 
 from agentic_rl.envs.datasets import SweTaskSource
-from agentic_rl.envs.expert import play_expert
+from agentic_rl.envs.expert import play_expert, play_recovery
 from agentic_rl.envs.swe_env import SweEnv
 from agentic_rl.envs.tool_call import ToolCall, parse_tool_call
 from launch.bench_env import run_episodes
@@ -27,6 +28,30 @@ def test_expert_uses_only_tool_output():
   names = [parse_tool_call(a).name for a, _ in result.turns]
   assert names[:2] == ["ls", "test"] and names[-2:] == ["test", "submit"]
   assert names.count("replace") == len(task.bugs)
+
+
+@pytest.mark.parametrize("tier", ("tiny", "easy", "medium"))
+def test_recovery_play_makes_one_untaught_mistake_then_repairs_it(tier):
+  """play_recovery: the expert's play, except that its first repair is preceded by a wrong
+  edit of the same line (no loss), a test that fails, and the repair over it; it still
+  solves the task, and only that turn is untaught."""
+  src = SweTaskSource("train", (tier,))
+  for i in range(4):
+    with SweEnv(env_config(max_turns=20)) as env:
+      plain = play_expert(env, src[i])
+    with SweEnv(env_config(max_turns=20)) as env:
+      r = play_recovery(env, src[i])
+    assert r.solved and plain.solved and plain.no_loss_turns == ()
+    (k,) = r.no_loss_turns
+    calls = [parse_tool_call(a) for a, _ in r.turns]
+    wrong, check, fix = calls[k], calls[k + 1], calls[k + 2]
+    assert wrong.name == fix.name == "replace" and check.name == "test"
+    assert (wrong.args["start"], wrong.args["end"]) == (fix.args["start"], fix.args["end"])
+    assert wrong.args["text"] != fix.args["text"]
+    # The mistake shows in the test that follows.
+    assert re.search(r"^(FAIL|ERROR) ", r.turns[k + 1][1], re.M), r.turns[k + 1][1]
+    # Without the mistake and its test, the play is the expert's own.
+    assert r.turns[:k] + r.turns[k + 2:] == plain.turns
 
 
 def test_easy_demonstrations_are_short():

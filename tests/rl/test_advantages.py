@@ -146,3 +146,47 @@ def test_equal_rewards_give_exactly_zero():
     got = adv.grpo_advantages(rewards, groups, valid, normalize_std=normalize_std)
     assert np.asarray(got).tolist() == [0.0] * 7
   assert np.asarray(adv.rloo_advantages(rewards, groups, valid)).tolist() == [0.0] * 7
+
+
+def _two_edit_group():
+  """One group, one generated token per turn. A: a wrong edit at turn 4 (process signal
+  0), its failing test, the fix at turn 6 (+1), test, submit: solved. B: the fix at turn 4,
+  test, submit: solved. C and D: a wrong edit at turn 4, test, submit: failed."""
+  t = 9
+  mask = np.zeros((4, t), np.float32)
+  mask[0, :9] = 1
+  mask[1:, :7] = 1
+  turn = np.broadcast_to(np.arange(t, dtype=np.int32), (4, t)).copy()
+  process = np.zeros((4, t), np.float32)
+  process[0, 6] = 1.0  # A's fix
+  process[1, 4] = 1.0  # B's fix
+  rewards = np.asarray([1.0, 1.0, 0.0, 0.0], np.float32)
+  return rewards, np.zeros(4, np.int32), mask, process, turn
+
+
+def _advantages(estimator, **advantage):
+  c = rl_config_lib.default_rl_config()
+  c.advantage.estimator = estimator
+  c.advantage.update(advantage)
+  spec = rl_config_lib.validate(c, rollout_config={"group_size": 4, "max_turns": 12})
+  rewards, groups, mask, process, turn = _two_edit_group()
+  return np.asarray(adv.batch_advantages(spec, jnp.asarray(rewards), jnp.asarray(groups),
+                                         jnp.asarray(mask), jnp.asarray(process),
+                                         jnp.asarray(turn)))
+
+
+def test_a_retrys_wrong_first_edit_is_not_credited_like_its_fix():
+  """The two-edit trajectory A: under GRPO its wrong edit (turn 4) gets exactly the fix's
+  advantage; under turn_level with each edit's own signal (turn_gamma 0) it gets far less,
+  by hand: outcome +0.866 for A; turn 4 signals (0, 1, 0, 0) normalise to A -0.5, turn 6
+  signals (1, 0, 0, 0) to A +1.5. So 0.366 for the wrong edit against 2.366 for the fix."""
+  grpo = _advantages("grpo")
+  assert grpo[0, 4] == pytest.approx(grpo[0, 6])
+  turn = _advantages("turn_level", turn_gamma=0.0, turn_weight=1.0)
+  outcome = 1 / np.sqrt(1 / 3)  # (1 - 0.5) / std of (1, 1, 0, 0)
+  assert turn[0, 4] == pytest.approx(0.5 * outcome - 0.5, rel=1e-4)
+  assert turn[0, 6] == pytest.approx(0.5 * outcome + 1.5, rel=1e-4)
+  assert turn[1, 4] == pytest.approx(turn[0, 6], rel=1e-4)  # B's fix: credited as A's fix.
+  # The return-to-go (turn_gamma 1) hands the later fix's signal back to the wrong edit.
+  to_go = _advantages("turn_level", turn_gamma=1.0, turn_weight=1.0)
+  assert to_go[0, 4] - turn[0, 4] > 1.0

@@ -19,7 +19,9 @@ def _history() -> list[dict]:
   """A short run as the loop logs it: step 0 is the held-out start point only, held-out
   again at steps 2 and 4, one NaN KL, a missing stderr and a missing learner rate."""
   return [
-      {"step": 0, "heldout/solve_rate": 0.10, "heldout/solve_stderr": 0.03},
+      {"step": 0, "heldout/solve_rate": 0.10, "heldout/solve_stderr": 0.03,
+       "heldout/multi_edit_share": 0.08, "heldout/retry_success_rate": 0.20,
+       "heldout/wrong_submit_share": 0.50, "heldout/out_of_turns_share": 0.11},
       {"step": 1, "rollout/reward_mean": 0.20, "rollout/solve_rate": 0.15,
        "rollout/solve_stderr": 0.05, "mismatch/k3": 1e-3, "rollout/tokens_per_s": 5000.0,
        "learner/generated_tokens_per_s": 20000.0},
@@ -32,7 +34,11 @@ def _history() -> list[dict]:
       {"step": 4, "rollout/reward_mean": 0.40, "rollout/solve_rate": 0.35,
        "rollout/solve_stderr": 0.06, "mismatch/k3": 4e-3, "rollout/tokens_per_s": 4900.0,
        "learner/generated_tokens_per_s": 19000.0, "heldout/solve_rate": 0.30,
-       "heldout/solve_stderr": NAN},
+       "heldout/solve_stderr": NAN, "heldout/multi_edit_share": 0.31,
+       "heldout/retry_success_rate": 0.45, "heldout/wrong_submit_share": 0.30,
+       "heldout/out_of_turns_share": 0.12, "rollout/decode_seconds": 3.0,
+       "rollout/prefill_seconds": 2.0, "rollout/env_wait_seconds": 1.5,
+       "learner/seconds": 6.0},
   ]
 
 
@@ -69,7 +75,7 @@ def test_write_curves_writes_a_readable_png(tmp_path):
 
 def test_curves_figure_plots_the_history():
   fig = curves_figure(_history(), title="tiny run")
-  ax_reward, ax_solve, ax_kl, ax_tps = fig.axes
+  ax_reward, ax_solve, ax_behaviour, ax_kl, ax_tps, ax_time = fig.axes
   assert fig.get_suptitle() == "tiny run"
   for ax in fig.axes:
     assert ax.get_title() and ax.get_xlabel() == "RL step" and ax.get_ylabel()
@@ -103,19 +109,29 @@ def test_curves_figure_plots_the_history():
   np.testing.assert_allclose(learner.get_ydata(), [20000, 21000, 19000])
   assert [t.get_text() for t in ax_tps.get_legend().get_texts()] == ["rollout", "learner"]
 
+  # (e) held-out behaviour before (step 0) and after (step 4) RL, one line per share.
+  for label, want in (("two or more edits", [0.08, 0.31]), ("retry success", [0.20, 0.45]),
+                      ("wrong submits", [0.50, 0.30]), ("out of turns", [0.11, 0.12])):
+    line = _by_label(ax_behaviour.lines, label)
+    np.testing.assert_array_equal(line.get_xdata(), [0, 4])
+    np.testing.assert_allclose(line.get_ydata(), want)
+  # (f) the time split of the one step that logged it.
+  for label, want in (("decode", 3.0), ("prefill", 2.0), ("env wait", 1.5), ("learner", 6.0)):
+    np.testing.assert_allclose(_by_label(ax_time.lines, label).get_ydata(), [want])
+
 
 def test_kl_axis_is_linear_unless_every_value_is_positive():
   history = [{"step": 1, "mismatch/k3": 1e-3}, {"step": 2, "mismatch/k3": -1e-6},
              {"step": 3, "mismatch/k3": 0.0}]
-  ax_kl = curves_figure(history).axes[2]
+  ax_kl = curves_figure(history).axes[3]
   assert ax_kl.get_yscale() == "linear"
   np.testing.assert_allclose(ax_kl.lines[0].get_ydata(), [1e-3, -1e-6, 0.0])
 
 
 def test_panels_without_data_say_so():
   fig = curves_figure([{"step": 0, "heldout/solve_rate": 0.1}, {"step": 1}])
-  ax_reward, ax_solve, ax_kl, ax_tps = fig.axes
-  for ax in (ax_reward, ax_kl, ax_tps):
+  ax_reward, ax_solve, ax_behaviour, ax_kl, ax_tps, ax_time = fig.axes
+  for ax in (ax_reward, ax_behaviour, ax_kl, ax_tps, ax_time):
     assert not ax.lines and [t.get_text() for t in ax.texts] == ["no data"]
   # Held-out alone still plots, with no stderr logged: its bar is NaN (not drawn).
   _assert_errorbar(_by_label(ax_solve.containers, "held-out"), [0], [0.1], [NAN])

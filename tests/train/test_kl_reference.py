@@ -7,6 +7,7 @@ import pytest
 
 from agentic_rl.model import config as model_config_lib
 from agentic_rl.model import transformer
+from agentic_rl.train import learner_lengths
 from agentic_rl.train import params_file
 from agentic_rl.train.checkpointing import Checkpointer, resolve_checkpoint
 from tests.train import run_train
@@ -29,6 +30,14 @@ def test_kl_to_the_start_params_runs_end_to_end(tmp_path):
   # 2 minibatches) all run at half the peak, the second's at the peak.
   assert [m["learning_rate"] for m in rl] == [pytest.approx(5e-5), pytest.approx(1e-4)]
   assert [m["updates"] for m in rl] == [4, 4]
+  # Learner batches pad to one of the lengths compiled before the RL clock.
+  lengths = learner_lengths.learner_lengths((), tiny_config().rollout.max_len)
+  assert all(m["learner/padded_length"] in lengths for m in rl), lengths
+  assert "learner steps compiled" in stdout
+  # The rollout's time split and every sampled episode's tokens, from the engine.
+  for m in rl:
+    assert m["rollout/generated_tokens"] >= m["batch/generated_tokens"] > 0
+    assert 0 < m["rollout/decode_seconds"] + m["rollout/prefill_seconds"] < m["rollout/seconds"]
   kl = [m["kl_to_ref"] for m in rl]
   # The first update starts at the reference (the start params): its KL is 0, and the
   # first batch's mean stays near it; a reference other than the start reads ~1.

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from agentic_rl.envs import config as env_config_lib
-from agentic_rl.envs.expert import play_expert
+from agentic_rl.envs.expert import play_expert, play_recovery
 from agentic_rl.envs import datasets
 from agentic_rl.envs import swe_env
+from agentic_rl.envs.tool_call import format_tool_call
 from agentic_rl.model import config as model_config_lib
 from agentic_rl.model import transformer
 from agentic_rl.rollout import config as rollout_config_lib
@@ -67,6 +68,42 @@ def test_rendered_demonstrations_equal_the_engines_recording(tier, tokenizer_kin
     np.testing.assert_array_equal(f.tokens, r.tokens)
     np.testing.assert_array_equal(f.loss_mask, r.loss_mask)
     assert f.length <= spec.token_limit
+
+
+def test_recovery_demonstrations_leave_the_mistake_untaught_as_the_engine_records_them():
+  """Recovery plays (sft.recovery_flags picks them) render as the engine records them, and
+  the wrong edit's tokens, and only they, carry no loss."""
+  model, spec, tok, factory, tasks = _setup("tiny", "bpe", max_turns=12, max_len=1024)
+  recovery = [True, False, True, False]
+  plays = dict(play_expert=play_expert, play_recovery=play_recovery, recovery=recovery)
+  fast = sft.render_demonstrations(tok, spec, factory, tasks, spec.system_prompt, **plays)
+  reference = sft.record_demonstrations(model, model.init(jax.random.key(0)), spec, tok,
+                                        factory, tasks, **plays)
+  plain = sft.render_demonstrations(tok, spec, factory, tasks, spec.system_prompt,
+                                    play_expert=play_expert)
+  for f, r, p, recovering in zip(fast, reference, plain, recovery):
+    np.testing.assert_array_equal(f.tokens, r.tokens)
+    np.testing.assert_array_equal(f.loss_mask, r.loss_mask)
+    if not recovering:
+      np.testing.assert_array_equal(f.tokens, p.tokens)
+      continue
+    # The recorded turn whose tokens all carry no loss is the wrong replace.
+    untaught = [k for k in np.unique(r.turn_index) if not r.loss_mask[r.turn_index == k].any()]
+    assert len(untaught) == 1, untaught
+    assert "replace" in tok.decode(r.tokens[r.turn_index == untaught[0]].tolist())
+    # Beside the expert's own play it teaches exactly one more action: the test after the
+    # mistake (its tool call and the end-of-turn token).
+    test_ids = len(tok.encode(format_tool_call("test"), parse_special=True)) + 1
+    assert f.loss_mask.sum() == p.loss_mask.sum() + test_ids
+    assert f.length > p.length
+
+
+def test_recovery_flags_are_a_seeded_share():
+  flags = sft.recovery_flags(1000, 0.6, seed=3)
+  assert sum(flags) == 600 and flags == sft.recovery_flags(1000, 0.6, seed=3)
+  assert flags != sft.recovery_flags(1000, 0.6, seed=4)
+  assert sft.recovery_flags(8, 0.0, 0) == [False] * 8
+  assert sft.recovery_flags(8, 1.0, 0) == [True] * 8
 
 
 def test_an_action_the_engine_would_truncate_is_not_rendered():
