@@ -25,7 +25,9 @@ def get_config() -> ml_collections.ConfigDict:
   t.sft_steps = 0
   t.init_checkpoint = BASE
   t.groups_per_step = 8
-  t.eval_every = 17  # Held-out at the start, halfway and at the end (256 episodes each).
+  # Held-out at the start and the end, 512 episodes each (sft_base: 256 tasks x 2): a
+  # halfway score (~50 s) would push RL past its 600 s budget.
+  t.eval_every = 34
   t.checkpoint_every = 17
 
   rl = config.rl
@@ -35,6 +37,12 @@ def get_config() -> ml_collections.ConfigDict:
   # Every episode weighs the same: failures run more turns, and a token mean lets their
   # negative advantages raise the entropy of the confident format tokens (measured).
   rl.loss.aggregation = "sequence"
+  # Credit per edit: each turn's own process signal (the hidden tests' change after a
+  # replace; turn_gamma 0, no return-to-go), normalised against the same turn of the
+  # group, on top of the outcome advantage. A retry's wrong first edit is then not
+  # credited like its fix (tests/rl/test_advantages.py: 0.37 against 2.37 by hand).
+  rl.advantage.estimator = "turn_level"
+  rl.advantage.turn_gamma = 0.0
   rl.loss.kl_coef = 0.1  # To the base: holds the tool-call format while the repairs move.
   rl.objective.clip_low = 0.1  # A confident token's probability falls at most 10% a batch.
   # The sampler's log-probs are the ratio's denominator: they match the learner's to k3 ~

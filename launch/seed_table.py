@@ -1,6 +1,6 @@
 """The main job once per seed, then one table: held-out solve before and after RL.
 
-    python -m launch.seed_table --workdir /tmp/seeds --seeds 0,1 -- \
+    python -m launch.seed_table --workdir /tmp/seeds --seeds 0,1,2 -- \
         --config configs/quickstart.py
 
 Everything after `--` is passed to `python -m launch.train` unchanged; each seed runs in
@@ -20,14 +20,15 @@ from absl import app
 from absl import flags
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "One sub-directory per seed.", required=True)
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Seeds to run.")
-_MIN_GAIN = flags.DEFINE_float("min_gain_pp", 5.0,
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds to run.")
+_MIN_GAIN = flags.DEFINE_float("min_gain_pp", 6.0,
                                "Held-out solve gain (percentage points) each seed must reach.")
-_MIN_MEAN_GAIN = flags.DEFINE_float("min_mean_gain_pp", 10.0,
+_MIN_MEAN_GAIN = flags.DEFINE_float("min_mean_gain_pp", 12.0,
                                     "Gain (percentage points) the seeds' mean must reach.")
 
 _COLUMNS = ("seed", "sft", "final", "gain_pp", "ci95_pp", "episodes", "pass@k sft",
-            "pass@k final", "kl_mean", "rl_steps", "rl_wall_s", "wall_s", "comparable")
+            "pass@k final", "retry_share sft", "retry_share final", "kl_mean", "rl_steps",
+            "rl_wall_s", "wall_s", "comparable")
 
 
 def seed_row(seed: int, summary: dict, min_gain_pp: float) -> dict:
@@ -35,7 +36,10 @@ def seed_row(seed: int, summary: dict, min_gain_pp: float) -> dict:
   sft, final = summary["heldout_solve_rate_sft"], summary["heldout_solve_rate_final"]
   gain = None if sft is None or final is None else 100.0 * (final - sft)
   ci = summary.get("heldout_gain_ci95")
-  return {"seed": seed, "sft": sft, "final": final, "gain_pp": gain,
+  # Of the solved held-out episodes, the share that needed a retry (train/behaviour.py).
+  retry = summary.get("heldout_solved_with_retry_change") or {}
+  return {"retry_share sft": retry.get("before"), "retry_share final": retry.get("after"),
+          "retry_share_change_ci95": retry.get("ci95"),"seed": seed, "sft": sft, "final": final, "gain_pp": gain,
           "ci95_pp": None if ci is None else f"[{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]",
           "episodes": summary.get("heldout_episodes"),
           "rl_wall_s": summary.get("rl_wall_seconds"),

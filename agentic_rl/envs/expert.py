@@ -22,9 +22,11 @@ to become SFT demonstrations.
 
 `play_recovery` plays a recovery demonstration: the same play, except that the first
 repair is preceded by a wrong one on the same line (the closest single-line change that
-fails the function's cases), then a test that shows it failing, then the right repair
-over it. The wrong edit's turn is listed in `no_loss_turns`: a demonstration teaches
-reading the failure and correcting it, never making the mistake.
+fails the function's cases), then a test that shows it failing, a view of the module
+that brings the line back next to the edit (the sliding-window layers copy from there;
+without it the base learned garbage corrections and looped to its turn budget), then
+the right repair over it. The wrong edit's turn is listed in `no_loss_turns`: a
+demonstration teaches reading the failure and correcting it, never making the mistake.
 """
 
 from __future__ import annotations
@@ -86,6 +88,13 @@ class _Player:
     if done:
       self.end_reason = info.get("end_reason", "")
     return obs
+
+  def view_around(self, path: str, line: int) -> str:
+    """One view whose chunk holds `line` (from the top when the first chunk does)."""
+    rows = getattr(self.env.config, "view_max_lines", 80)
+    if line <= rows:
+      return self.act("view", path=path)
+    return self.act("view", path=path, start=max(1, line - rows // 2))
 
   def read_file(self, path: str) -> list[str]:
     """The file's lines, viewed in as many chunks as the observation bound needs."""
@@ -258,6 +267,7 @@ def play_expert(env, task, max_turns: int | None = None, *, recover: bool = Fals
               no_loss.append(len(p.turns))
               p.act("replace", path=module, start=line, end=line, text=wrong)
               p.act("test")
+              p.view_around(module, line)  # The line to fix back in view, as at first.
           p.act("replace", path=module, start=line, end=line, text=new)
           sources[module][line - 1] = new
           applied[name] = line

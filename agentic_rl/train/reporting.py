@@ -115,6 +115,11 @@ def summarize(run: RunState, *, start_wall: float, params, config, comparable: b
       "heldout_pass_at_k_sft": start.get("heldout/pass_at_k"),
       "heldout_pass_at_k_final": final.get("heldout/pass_at_k"),
       "heldout_samples_per_task": final.get("heldout/samples_per_task"),
+      # Per held-out task (the same tasks in every run of these eval settings): solves, so
+      # two runs compare paired (launch/compare_runs.py).
+      "heldout_solves_per_task_sft": start.get("heldout/solves_per_task"),
+      "heldout_solves_per_task_final": final.get("heldout/solves_per_task"),
+      "heldout_samples_per_task_sft": start.get("heldout/samples_per_task"),
       "heldout_comparable": comparable,
       "mismatch_kl_mean": float(np.mean(kl)) if kl else None,
       "mismatch_kl_max": float(np.max(kl)) if kl else None,

@@ -33,8 +33,8 @@ def test_expert_uses_only_tool_output():
 @pytest.mark.parametrize("tier", ("tiny", "easy", "medium"))
 def test_recovery_play_makes_one_untaught_mistake_then_repairs_it(tier):
   """play_recovery: the expert's play, except that its first repair is preceded by a wrong
-  edit of the same line (no loss), a test that fails, and the repair over it; it still
-  solves the task, and only that turn is untaught."""
+  edit of the same line (no loss), a test that fails and a view of the module, then the
+  repair over it; it still solves the task, and only the wrong edit is untaught."""
   src = SweTaskSource("train", (tier,))
   for i in range(4):
     with SweEnv(env_config(max_turns=20)) as env:
@@ -44,14 +44,16 @@ def test_recovery_play_makes_one_untaught_mistake_then_repairs_it(tier):
     assert r.solved and plain.solved and plain.no_loss_turns == ()
     (k,) = r.no_loss_turns
     calls = [parse_tool_call(a) for a, _ in r.turns]
-    wrong, check, fix = calls[k], calls[k + 1], calls[k + 2]
+    wrong, check, look, fix = calls[k], calls[k + 1], calls[k + 2], calls[k + 3]
     assert wrong.name == fix.name == "replace" and check.name == "test"
+    assert look.name == "view" and look.args["path"] == fix.args["path"]
+    assert f"{fix.args['start']}|" in r.turns[k + 2][1]  # The line is in view again.
     assert (wrong.args["start"], wrong.args["end"]) == (fix.args["start"], fix.args["end"])
     assert wrong.args["text"] != fix.args["text"]
     # The mistake shows in the test that follows.
     assert re.search(r"^(FAIL|ERROR) ", r.turns[k + 1][1], re.M), r.turns[k + 1][1]
-    # Without the mistake and its test, the play is the expert's own.
-    assert r.turns[:k] + r.turns[k + 2:] == plain.turns
+    # Without the mistake, its test and the second look, the play is the expert's own.
+    assert r.turns[:k] + r.turns[k + 3:] == plain.turns
 
 
 def test_easy_demonstrations_are_short():

@@ -36,7 +36,8 @@ def test_route_b_mismatch_then_switch_to_route_a(tmp_path):
   assert a_kl < 1e-6 and a_kl < b_kl / 10, (a_kl, b_kl)
   # Route A's credit comes with it: a critic trains from the switch on (GAE).
   assert "value_loss" not in rl[0] and np.isfinite(rl[1]["value_loss"])
-  assert summary["config"]["rl"]["advantage"]["estimator"] == "grpo"  # The base route's.
+  # The base route's (the quickstart's turn-level credit), not route A's GAE.
+  assert summary["config"]["rl"]["advantage"]["estimator"] == "turn_level"
 
   # Resumed after the switch: route A's layout, critic included, restores and goes on.
   resumed, rl = _train(str(tmp_path), "route_b", switch, "--config.rl.num_steps=3")

@@ -26,6 +26,11 @@ def test_rows_gain_and_threshold():
   assert table[0].split()[:4] == ["seed", "sft", "final", "gain_pp"]
   assert table[1].split()[:4] == ["0", "0.250", "0.438", "18.750"]
   assert "3e-10" in table[1]
+  # The share of solved episodes that needed a retry, before and after, with its interval.
+  retry = {"before": 0.05, "after": 0.25, "ci95": [0.1, 0.3]}
+  row = seed_row(0, {**_summary(0.25, 0.4375), "heldout_solved_with_retry_change": retry}, 15.0)
+  assert (row["retry_share sft"], row["retry_share final"]) == (0.05, 0.25)
+  assert row["retry_share_change_ci95"] == [0.1, 0.3]
 
 
 def test_verdict_needs_every_seed_and_the_mean():

@@ -11,7 +11,7 @@ from agentic_rl.envs import config as env_config_lib
 from agentic_rl.envs.expert import play_expert, play_recovery
 from agentic_rl.envs import datasets
 from agentic_rl.envs import swe_env
-from agentic_rl.envs.tool_call import format_tool_call
+from agentic_rl.envs.tool_call import format_tool_call, parse_tool_call
 from agentic_rl.model import config as model_config_lib
 from agentic_rl.model import transformer
 from agentic_rl.rollout import config as rollout_config_lib
@@ -91,11 +91,22 @@ def test_recovery_demonstrations_leave_the_mistake_untaught_as_the_engine_record
     untaught = [k for k in np.unique(r.turn_index) if not r.loss_mask[r.turn_index == k].any()]
     assert len(untaught) == 1, untaught
     assert "replace" in tok.decode(r.tokens[r.turn_index == untaught[0]].tolist())
-    # Beside the expert's own play it teaches exactly one more action: the test after the
-    # mistake (its tool call and the end-of-turn token).
-    test_ids = len(tok.encode(format_tool_call("test"), parse_special=True)) + 1
-    assert f.loss_mask.sum() == p.loss_mask.sum() + test_ids
+    # Beside the expert's own play it teaches exactly two more actions: the test after the
+    # mistake and the view of the module (tool calls and end-of-turn tokens).
+    extra = [format_tool_call("test"), format_tool_call("view", path=_module(tok, r))]
+    extra_ids = sum(len(tok.encode(a, parse_special=True)) + 1 for a in extra)
+    assert f.loss_mask.sum() == p.loss_mask.sum() + extra_ids
     assert f.length > p.length
+
+
+def _module(tok, traj) -> str:
+  """The module the recorded episode edits (the path of its first replace call)."""
+  for k in np.unique(traj.turn_index):
+    taught = (traj.turn_index == k) & (traj.loss_mask > 0)
+    call = parse_tool_call(tok.decode(traj.tokens[taught].tolist()))
+    if getattr(call, "name", None) == "replace":
+      return call.args["path"]
+  raise AssertionError("no replace")
 
 
 def test_recovery_flags_are_a_seeded_share():
