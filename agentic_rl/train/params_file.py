@@ -29,9 +29,8 @@ PARAMS_FILE = "params.safetensors"
 
 # Old attention param name -> new, applied on load to the last component of a file's names.
 # The attention params were renamed so that each suffix letter means one axis (issue 29:
-# d d_model, n query heads, k kv heads, h head_dim); files saved before, among them the
-# shipped base configs/assets/base_tiny_bpe/params.safetensors, hold the old names and are
-# not rewritten. Only names in this table are mapped: any other name the model lacks is
+# d d_model, n query heads, k kv heads, h head_dim); files saved before (the shipped base
+# until its issue-30 rebuild) hold the old names and are not rewritten. Only names in this table are mapped: any other name the model lacks is
 # still reported as unexpected, under the name the file gives it. Saving writes new names.
 LEGACY_PARAM_NAMES = {"w_q_dhk": "w_q_dnh", "w_k_dhk": "w_k_dkh", "w_v_dhk": "w_v_dkh",
                       "w_o_hkd": "w_o_nhd", "w_gate_dh": "w_gate_dn", "b_gate_h": "b_gate_n"}
