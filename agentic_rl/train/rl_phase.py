@@ -150,9 +150,9 @@ def _rl_step(ctx: RunContext, sampler, state, run: RunState, num_steps: int
   metrics = jax.device_get(metrics)
   learner_s = time.time() - t1
   run.rl_step = step + 1
+  # Generated tokens of the kept trajectories, every process's: the learner's loss tokens.
   kept_tokens = float(ctx.gather(np.asarray([sum(t.num_generated for t in trajs)],
                                             np.float64)).sum())
-  loss_tokens = float(np.asarray(local_batch.loss_mask_bt).sum()) * ctx.info.process_count
   rollout_s = rollout_logged["rollout/seconds"]
   logged = {**metrics, **rollout_logged,
             # Every episode sampled this step, the uniform groups dynamic sampling dropped
@@ -169,7 +169,7 @@ def _rl_step(ctx: RunContext, sampler, state, run: RunState, num_steps: int
             "rollout/solve_stderr": reporting.solve_stderr_by_task(numbers, outcome_rewards),
             "learner/seconds": learner_s,
             "learner/padded_length": float(local_batch.length),
-            "learner/generated_tokens_per_s": loss_tokens / max(learner_s, 1e-9),
+            "learner/generated_tokens_per_s": kept_tokens / max(learner_s, 1e-9),
             "stage/route_a": float(route.name == "A"),
             **reporting.tool_statistics(trajs)}
   if run.rl_step % tc.eval_every == 0 or run.rl_step == num_steps:
