@@ -343,6 +343,10 @@ def make_train_step(model, spec: RLSpec, *, donate: bool = False):
       # No old-policy forward: only the first update's forward ran at the sampled policy's
       # params, so the mismatch is its minibatch's, not a mean over moving params.
       metrics.update({k: v for k, v in per_update[0].items() if k.startswith("mismatch/")})
+    if "kl_to_ref" in per_update[0]:
+      # At the batch's first update the params are the sampled ones: RL's first batch reads
+      # 0 here exactly when the reference is the policy RL started from.
+      metrics["kl_to_ref_first_update"] = per_update[0]["kl_to_ref"]
     metrics["clip_frac_first_epoch"] = clip_frac(per_update[:mb])
     metrics["clip_frac_last_epoch"] = clip_frac(per_update[-mb:])
     metrics["updates"] = jnp.float32(len(per_update))

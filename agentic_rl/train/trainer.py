@@ -27,6 +27,7 @@ from agentic_rl.envs import registry
 from agentic_rl.model import config as model_config
 from agentic_rl.parallel import mesh as mesh_lib
 from agentic_rl.parallel import mesh_config
+from agentic_rl.rollout import config as rollout_config_lib
 from agentic_rl.rollout import tokenizer as tokenizer_lib
 from agentic_rl.train import config as train_config_lib
 from agentic_rl.train import distributed
@@ -52,12 +53,14 @@ class Trainer:
     self.config = config
     self.workdir = os.path.abspath(workdir)
     self.train_spec = tc = train_config_lib.validate_train_config(config.train)
+    model_spec = model_config.validate(config.model)
+    # max_len 0 means the model's max_seq_len: the learner pads to the resolved capacity.
+    rollout_spec = rollout_config_lib.validate(config.rollout, model_spec, seed=config.seed)
     self.learner_lengths = learner_lengths.learner_lengths(tc.learner_lengths,
-                                                           config.rollout.max_len)
+                                                           rollout_spec.max_len)
     self.info = distributed.initialize(tc.coordinator_address, tc.num_processes, tc.process_id)
     # The learner's mesh (config.mesh), checked against the devices and the model first.
-    self.mesh = mesh_lib.build_mesh(mesh_config.validate_mesh_config(config.mesh),
-                                    model_config.validate(config.model))
+    self.mesh = mesh_lib.build_mesh(mesh_config.validate_mesh_config(config.mesh), model_spec)
     self.tokenizer = tokenizer_lib.make_tokenizer(config.tokenizer)
     # The env by name (config.env.name): its spec, envs, tasks, families and expert.
     self.env_spec = spec = registry.build_spec(

@@ -10,6 +10,7 @@ the engine on the mesh (caches sharded) against one device's, same seeds; one RL
 trajectories; and how the state and caches are sharded.
 """
 
+import dataclasses
 import json
 import sys
 import tempfile
@@ -66,10 +67,21 @@ def off_rules(tree, mesh) -> int:
              for x, s in zip(jax.tree.leaves(tree), want))
 
 
+def with_informative_rewards(trajs):
+  """The first of each group solved, the rest not: a random tiny model solves nothing, and
+  with every advantage 0 only weight decay would move the params."""
+  seen = set()
+  out = []
+  for t in trajs:
+    out.append(dataclasses.replace(t, reward=float(t.group_id not in seen)))
+    seen.add(t.group_id)
+  return out
+
+
 def rollouts_and_step(route, tasks):
   state = route.init_state(0)
   route.engine.set_params(route.sampler_params(state.params), 0)
-  trajs = route.engine.run(tasks, task_seeds=list(range(len(tasks))))
+  trajs = with_informative_rewards(route.engine.run(tasks, task_seeds=list(range(len(tasks)))))
   longest = max(t.length for t in trajs)
   batch = to_batch(trajs, length=sft_lib.padded_length(longest, route.rollout_spec.max_len))
   rows = placement.place_rows(route.mesh, batch)

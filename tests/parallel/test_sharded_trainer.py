@@ -31,8 +31,11 @@ def _assert_equivalent(r: dict):
   # The same seeds sample the same tokens; log-probs agree to float32 reduction order.
   assert r["tokens_equal"] and r["trajectories"] == 8
   assert r["sampler_logp_max_abs_diff"] < 1e-4
-  assert r["step_params_change"] > 1e-4  # The step moved the params...
-  assert r["step_params_max_abs_diff"] < 1e-5  # ...as one device moves them.
+  assert r["step_params_change"] > 1e-3  # The step moved the params (4 Adam updates)...
+  # ...as one device moves them, to 0.5% of the move: Adam divides by sqrt(v), so an
+  # element whose gradient is near eps turns float32 reduction-order noise into a visible
+  # share of its update (measured: 7e-6 and 9e-6 of a 4e-3 move).
+  assert r["step_params_max_abs_diff"] < 5e-3 * r["step_params_change"]
   assert r["step_loss_abs_diff"] < 1e-5
   # Expert parallel at a capacity nothing exceeds: counted, and zero.
   assert r["overflow_frac"] == 0.0

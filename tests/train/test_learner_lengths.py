@@ -25,3 +25,17 @@ def test_bucket_is_the_smallest_that_holds():
   assert [ll.bucket(n, lengths) for n in (1, 256, 257, 700, 768)] == [256, 256, 384, 768, 768]
   with pytest.raises(ValueError, match="769 tokens"):
     ll.bucket(769, lengths)
+
+
+def test_trainer_resolves_max_len_0_to_the_models_max_seq_len(tmp_path):
+  # An imported HF run config leaves rollout.max_len at 0 (the model's max_seq_len).
+  from agentic_rl.train.trainer import Trainer
+  from tests.train.tiny_config import tiny_config
+  config = tiny_config()
+  config.rollout.max_len = 0
+  trainer = Trainer(config, str(tmp_path))
+  try:
+    assert trainer.learner_lengths[-1] == config.model.max_seq_len
+    assert trainer.learner_lengths == ll.learner_lengths((), config.model.max_seq_len)
+  finally:
+    trainer.close()
