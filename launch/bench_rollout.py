@@ -238,6 +238,8 @@ def main(argv):
       "allocated_kv_bytes": stats["allocated_kv_bytes"],
       "generated_tokens": stats["generated_tokens"],
       "prefilled_tokens": stats["prefilled_tokens"],
+      # Real tokens of what the prefill calls computed (rows x chunk, padding included).
+      "prefill_fill": stats["prefill_fill"],
       "trajectories": stats["trajectories"],
       "decode_steps": stats["decode_steps"],
       "prefill_calls": stats["prefill_calls"],

@@ -74,6 +74,10 @@ class Attention(nn.Module):
     inv_freq_i = inverse_frequencies(h, spec.rope_theta, spec.rope_scaling)
     q_btnh = apply_rope(q_btnh, positions_bt, inv_freq_i)
     k_btkh = apply_rope(k_btkh, positions_bt, inv_freq_i)
+    # Recorded only when a caller makes "intermediates" mutable (quantify/sparse_coverage:
+    # the indexer's coverage on real queries and keys); free otherwise.
+    self.sow("intermediates", "q_btnh", q_btnh)
+    self.sow("intermediates", "k_btkh", k_btkh)
 
     ops = dispatch.get_ops(spec.kernel_backend, spec.pallas_interpret)
     aux = {}

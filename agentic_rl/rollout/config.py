@@ -42,8 +42,16 @@ def _positive(field: str, value: int) -> None:
 class RolloutSpec:
   num_slots: int = 8  # Sequences decoded together; each holds one trajectory.
   max_len: int = 0  # Cache capacity per slot in tokens; 0 = model.max_seq_len.
-  prefill_chunk: int = 256  # Tokens per prefill call per row (shorter chunks are -1 padded).
-  prefill_rows: int = 1  # Rows (slots or prompt-store rows) prefilled per call.
+  prefill_chunk: int = 256  # Most tokens per prefill call per row.
+  prefill_rows: int = 1  # Most rows (slots or prompt-store rows) prefilled per call.
+  # > 0: a prefill call takes the smallest compiled shape that holds its work: chunks
+  # halve from prefill_chunk while they keep at least this many tokens, rows halve from
+  # prefill_rows down to 1 (prefill_shapes.py). 0: every call is prefill_rows x
+  # prefill_chunk. Per call, [1, 16] costs a sixth to a tenth of [4, 64]; end to end
+  # it has not yet measured faster (issue 17), hence off by default. On, the shape
+  # follows which envs had answered, so a row's logits vary at float32 round-off from
+  # run to run: a resumed run no longer equals the uninterrupted one bit for bit.
+  prefill_chunk_min: int = 0
   prompt_store_rows: int = 4  # Prompts prefilled ahead, waiting to be copied into slots.
   temperature: float = 1.0  # 0 = greedy (argmax; recorded as temperature 1, mask = argmax).
   top_k: int = 0  # 0 = off.
@@ -66,7 +74,7 @@ class RolloutSpec:
                  "group_size", "max_turns", "max_new_tokens_per_turn", "env_threads",
                  "decode_steps_per_call"):
       _positive(name, getattr(self, name))
-    for name in ("max_len", "max_total_tokens", "top_k", "seed"):
+    for name in ("max_len", "max_total_tokens", "top_k", "seed", "prefill_chunk_min"):
       check(getattr(self, name) >= 0, name, getattr(self, name), "an integer >= 0")
     check(self.prefill_rows <= self.num_slots, "prefill_rows", self.prefill_rows,
           f"at most num_slots={self.num_slots} (idle rows of a prefill call are other slots)")

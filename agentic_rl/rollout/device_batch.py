@@ -1,7 +1,8 @@
 """The host inputs of one prefill call and of one decode step, built from the engine's records.
 
 Prefill: up to `prefill_rows` owners of the prefill queue, all prompt-store groups or all
-slots (whichever kind heads the queue), one chunk of `prefill_chunk` context tokens each.
+slots (whichever kind heads the queue), up to `prefill_chunk` context tokens each, in the
+smallest compiled (rows, chunk) shape that holds them (prefill_shapes.py).
 Decode: one position per slot, -1 for a slot that sits the call out, then up to
 decode_steps_per_call steps on the device. Either way a row whose next tokens are
 teacher-forced takes them from its `forced` queue; the device draws for the rest (see
@@ -22,6 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from agentic_rl.rollout import config as config_lib
+from agentic_rl.rollout import prefill_shapes
 from agentic_rl.rollout.episodes import Active, Group, SlotState
 
 
@@ -44,7 +46,9 @@ def prefill_batch(queue: Sequence[Active | Group], spec: config_lib.RolloutSpec
   rows_total = spec.prompt_store_rows if to_store else spec.num_slots
   owners = [o for o in queue if isinstance(o, Group) == to_store]
   owners = owners[:spec.prefill_rows]
-  p, c = spec.prefill_rows, spec.prefill_chunk
+  waiting = [min(o.builder.length - o.cache_len, spec.prefill_chunk) for o in owners]
+  p = prefill_shapes.smallest_holding(prefill_shapes.row_counts(spec), len(owners))
+  c = prefill_shapes.smallest_holding(prefill_shapes.chunk_sizes(spec), max(waiting))
   rows = [o.store_row if to_store else o.slot for o in owners]
   # Rows that sit the call out must be distinct from the working ones.
   rows += [r for r in range(rows_total) if r not in rows][:p - len(rows)]

@@ -98,17 +98,18 @@ def overflow_counts(aux: dict) -> jax.Array:
 
 
 class DeviceSteps:
-  """Jitted, cache-donating steps of one model with one sampling setting and chunk size.
+  """Jitted, cache-donating steps of one model with one sampling setting and set of
+  prefill chunk sizes.
 
-  One instance may serve several engines (same model, sampling and chunk);
+  One instance may serve several engines (same model, sampling and chunks);
   its compiled functions are then shared.
   """
 
   def __init__(self, model: transformer.Model, sampling_params: sampling.SamplingParams,
-               chunk: int, mesh: Mesh | None = None):
+               chunks: int | tuple[int, ...], mesh: Mesh | None = None):
     self.model = model
     self.sampling_params = sampling_params
-    self.chunk = chunk
+    self.chunks = tuple(sorted({chunks} if isinstance(chunks, int) else set(chunks)))
     self.mesh = mesh
     self.trace_counts: collections.Counter[str] = collections.Counter()
     self.forward_and_sample = self._on_mesh(jax.jit(self._forward_and_sample,
@@ -119,6 +120,11 @@ class DeviceSteps:
     self.scatter_rows = self._on_mesh(jax.jit(self._scatter_rows, donate_argnums=(0,)))
     self.fork = self._on_mesh(jax.jit(self._fork, donate_argnums=(0,)))
     self.reset_rows = self._on_mesh(jax.jit(self._reset_rows, donate_argnums=(0,)))
+
+  @property
+  def chunk(self) -> int:
+    """The largest prefill chunk these steps compile."""
+    return self.chunks[-1]
 
   def _on_mesh(self, fn):
     if self.mesh is None:
@@ -201,20 +207,26 @@ class DeviceSteps:
       length *= 2
     return lengths + [None]
 
-  def warm_up(self, params, cache, *, prefill_rows: int, decode_steps: int | None = None):
+  def warm_up(self, params, cache, *, prefill_rows: int | tuple[int, ...],
+              decode_steps: int | None = None):
     """Runs every shape of call a run can make on `cache` once, each row sitting out
-    (positions -1: nothing written, nothing drawn): a prefill of `prefill_rows` rows and,
-    with `decode_steps`, a decode of that many steps per call, at every attend length. The
-    compiles happen here, not mid-run. Returns the cache (donated through, unchanged)."""
+    (positions -1: nothing written, nothing drawn): a prefill of each of `prefill_rows`
+    rows by each chunk size and, with `decode_steps`, a decode of that many steps per call,
+    at every attend length. The compiles happen here, not mid-run. Returns the cache
+    (donated through, unchanged)."""
     rows = int(cache["lengths"].shape[0])
-    rows_p = np.arange(prefill_rows, dtype=np.int32) % max(rows, 1)
-    tokens_pc = np.zeros((prefill_rows, self.chunk), np.int32)
-    positions_pc = np.full((prefill_rows, self.chunk), -1, np.int32)
-    seeds_p, forced_p = np.zeros(prefill_rows, np.uint32), np.full(prefill_rows, -1, np.int32)
+    row_counts = (prefill_rows,) if isinstance(prefill_rows, int) else tuple(prefill_rows)
     for attend in self.attend_lengths(cache):
-      sub = self.gather_rows(cache, rows_p, attend=attend)
-      sub, _ = self.forward_and_sample(params, sub, tokens_pc, positions_pc, seeds_p, forced_p)
-      cache = self.scatter_rows(cache, rows_p, sub)
+      for p in row_counts:
+        rows_p = np.arange(p, dtype=np.int32) % max(rows, 1)
+        seeds_p, forced_p = np.zeros(p, np.uint32), np.full(p, -1, np.int32)
+        for chunk in self.chunks:
+          tokens_pc = np.zeros((p, chunk), np.int32)
+          positions_pc = np.full((p, chunk), -1, np.int32)
+          sub = self.gather_rows(cache, rows_p, attend=attend)
+          sub, _ = self.forward_and_sample(params, sub, tokens_pc, positions_pc, seeds_p,
+                                           forced_p)
+          cache = self.scatter_rows(cache, rows_p, sub)
       if decode_steps:
         cache, _ = self.decode_loop(
             params, cache, np.zeros(rows, np.int32), np.full(rows, -1, np.int32),
@@ -228,13 +240,13 @@ class DeviceSteps:
     """Appends one chunk to each of the distinct rows `rows_p`; all -1 rows sit out.
 
     lengths_p: the caller's host record of the cache lengths of rows `rows_p`."""
-    if tokens_pc.shape[1] != self.chunk:
+    if tokens_pc.shape[1] not in self.chunks:
       raise ValueError(f"prefill chunk has {tokens_pc.shape[1]} tokens; these steps "
-                       f"compile chunks of {self.chunk} (pad with position -1).")
+                       f"compile chunks of {self.chunks} (pad with position -1).")
     self.check_inputs(cache, tokens_pc, positions_pc, forced_p, lengths_p)
     attend = None
     if lengths_p is not None:
-      attend = self.attend_length(cache, int(np.max(lengths_p, initial=0)) + self.chunk)
+      attend = self.attend_length(cache, int(np.max(lengths_p, initial=0)) + tokens_pc.shape[1])
     sub = self.gather_rows(cache, rows_p, attend=attend)
     sub, out = self.forward_and_sample(params, sub, tokens_pc, positions_pc, seeds_p, forced_p)
     return self.scatter_rows(cache, rows_p, sub), out

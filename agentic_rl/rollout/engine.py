@@ -64,6 +64,7 @@ from agentic_rl.records.trajectory import Trajectory, TrajectoryBuilder
 from agentic_rl.rollout import config as config_lib
 from agentic_rl.rollout import device_batch
 from agentic_rl.rollout import episodes
+from agentic_rl.rollout import prefill_shapes
 from agentic_rl.rollout import sampling
 from agentic_rl.rollout.device_steps import DeviceSteps
 from agentic_rl.rollout.engine_stats import RolloutStats
@@ -101,13 +102,14 @@ class RolloutEngine(TrajectoryTurns):
     sampling_params = sampling.SamplingParams(spec.temperature, spec.top_k, spec.top_p)
     if steps is not None and mesh is None:
       mesh = steps.mesh
+    chunks = prefill_shapes.chunk_sizes(spec)
     if steps is None:
-      steps = DeviceSteps(model, sampling_params, spec.prefill_chunk, mesh)
+      steps = DeviceSteps(model, sampling_params, chunks, mesh)
     elif (steps.model.spec != model.spec or steps.sampling_params != sampling_params
-          or steps.chunk != spec.prefill_chunk or steps.mesh != mesh):
+          or steps.chunks != chunks or steps.mesh != mesh):
       raise ValueError("the shared DeviceSteps were built for another model spec, sampling "
-                       f"setting ({steps.sampling_params}), chunk ({steps.chunk}) or mesh; "
-                       f"this engine needs {sampling_params} and chunk {spec.prefill_chunk}.")
+                       f"setting ({steps.sampling_params}), chunks ({steps.chunks}) or mesh; "
+                       f"this engine needs {sampling_params} and chunks {chunks}.")
     self.steps = steps
     self.cache = steps.init_cache(spec.num_slots, spec.max_len)
     self.store = steps.init_cache(spec.prompt_store_rows, spec.max_len)
@@ -202,9 +204,10 @@ class RolloutEngine(TrajectoryTurns):
     if params is None:
       raise ValueError("warm_up needs params: call set_params first.")
     before = self.steps.num_traces
-    self.cache = self.steps.warm_up(params, self.cache, prefill_rows=self.spec.prefill_rows,
+    rows = prefill_shapes.row_counts(self.spec)
+    self.cache = self.steps.warm_up(params, self.cache, prefill_rows=rows,
                                     decode_steps=self.spec.decode_steps_per_call)
-    self.store = self.steps.warm_up(params, self.store, prefill_rows=self.spec.prefill_rows)
+    self.store = self.steps.warm_up(params, self.store, prefill_rows=rows)
     return self.steps.num_traces - before
 
   def compiled_step_count(self) -> int:
@@ -353,6 +356,7 @@ class RolloutEngine(TrajectoryTurns):
     self.stats.prefill_calls += 1
     self.stats.prefill_rows_used += len(batch.owners)
     self.stats.prefilled_tokens += sum(batch.counts)
+    self.stats.prefill_shape_tokens += batch.tokens_pc.size
     for i, (o, n) in enumerate(zip(batch.owners, batch.counts)):
       o.builder.add_replay(replay, i, n)
       o.cache_len += n

@@ -30,6 +30,7 @@ class RolloutStats:
   prefill_calls: int = 0
   prefill_rows_used: int = 0  # Rows holding real tokens, summed over prefill calls.
   prefilled_tokens: int = 0
+  prefill_shape_tokens: int = 0  # Rows x chunk of the prefill calls: what they computed.
   prompts_prefilled: int = 0  # One per task group, whatever the group size.
   forks: int = 0  # Prompt copies into slots: one per trajectory.
   env_steps: int = 0
@@ -72,6 +73,8 @@ class RolloutStats:
                                     if self.steady_slot_s else None)
     d["overflow_frac"] = (self.dropped_assignments / self.routed_assignments
                           if self.routed_assignments else 0.0)
+    d["prefill_fill"] = (self.prefilled_tokens / self.prefill_shape_tokens
+                         if self.prefill_shape_tokens else 0.0)
     d["decode_occupancy"] = (self.decode_rows / (self.decode_steps * self.num_slots)
                              if self.decode_steps else 0.0)
     return d

@@ -9,6 +9,7 @@ import time
 import jax
 import numpy as np
 
+from agentic_rl.records.episode_shape import episode_shape
 from agentic_rl.records.trajectory import to_batch
 from agentic_rl.rl import dynamic_sampling
 from agentic_rl.rl import task_selection
@@ -19,6 +20,7 @@ from agentic_rl.train import reporting
 from agentic_rl.train.curves import history_row
 from agentic_rl.train.evaluation import episode_rates
 from agentic_rl.train.evaluator import scalar_metrics
+from agentic_rl.train.progress import Progress
 from agentic_rl.train.run_context import RunContext
 from agentic_rl.train.run_state import RunState
 
@@ -32,11 +34,13 @@ class RolloutGroups:
     self.tasks = tasks
     self.step = step
     self.end_reasons: list[str] = []
+    self.shapes: list[dict] = []  # Every sampled episode's (records/episode_shape.py).
 
   def generate(self, task_ids, group_size) -> list[dynamic_sampling.Group]:
     seeds = [self.step * 1_000_003 + self.tasks.number(t) for t in task_ids]
     trajs = self.engine.run([self.tasks.task(t) for t in task_ids], task_seeds=seeds)
     self.end_reasons.extend(t.end_reason for t in trajs)
+    self.shapes.extend(episode_shape(t) for t in trajs)
     groups = []
     for g, task in enumerate(task_ids):
       members = [t for t in trajs if t.group_id == g]
@@ -66,11 +70,10 @@ def run_rl(ctx: RunContext, state: TrainState, run: RunState) -> TrainState:
   sampler = dynamic_sampling.DynamicSampler(pool)  # One per run: its estimate carries on.
   if run.sampler:
     sampler.load_state_dict(run.sampler)
-  run_start, steps_done = time.time(), 0
+  progress = Progress(run.rl_step, num_steps)
   while run.rl_step < num_steps and not ctx.stop.is_set():
     state, logged = _rl_step(ctx, sampler, state, run, num_steps)
-    steps_done += 1
-    eta = (time.time() - run_start) / steps_done * (num_steps - run.rl_step)
+    eta = progress.eta(run.rl_step)
     solve = (run.heldout_last or run.heldout_sft)["heldout/solve_rate"]
     ctx.say(f"rl {run.rl_step}/{num_steps} | reward {logged['rollout/reward_mean']:.3f} | "
             f"train solve {logged['rollout/solve_rate']:.3f} | held-out solve {solve:.3f} | "
@@ -176,6 +179,7 @@ def _rl_step(ctx: RunContext, sampler, state, run: RunState, num_steps: int
     run.heldout_last = ctx.evaluator.score(route, state.params)
     logged.update(scalar_metrics(run.heldout_last))
   logged = ctx.logger.scalars(run.global_step, logged)
+  ctx.logger.episodes(run.global_step, sampler.source.shapes)
   run.history.append(history_row(run.rl_step, logged))
   run.rl_wall_seconds += time.time() - t0
   run.mismatch_kl.append(float(metrics.get("mismatch/k3", float("nan"))))
@@ -225,7 +229,10 @@ def _collect(ctx: RunContext, route, sampler, state, step: int):
 _ENGINE_COUNTERS = {"decode_s": "decode_seconds", "prefill_s": "prefill_seconds",
                     "env_wait_s": "env_wait_seconds", "host_s": "host_seconds",
                     "generated_tokens": "generated_tokens", "prefill_calls": "prefill_calls",
-                    "decode_calls": "decode_calls", "prefilled_tokens": "prefilled_tokens"}
+                    "decode_calls": "decode_calls", "prefilled_tokens": "prefilled_tokens",
+                    "prefill_shape_tokens": "prefill_shape_tokens",
+                    # Slot-seconds holding device work, of all slot-seconds: idle slots.
+                    "busy_slot_s": "busy_slot_seconds", "slot_s": "slot_seconds"}
 
 
 def _engine_time_split(stats, before, gather) -> dict:
@@ -235,7 +242,11 @@ def _engine_time_split(stats, before, gather) -> dict:
   local = np.asarray([getattr(stats, k) - getattr(before, k) for k in _ENGINE_COUNTERS],
                      np.float64)
   totals = np.asarray(gather(local)).reshape(-1, len(_ENGINE_COUNTERS)).sum(0)
-  return {f"rollout/{name}": float(v) for name, v in zip(_ENGINE_COUNTERS.values(), totals)}
+  out = {f"rollout/{name}": float(v) for name, v in zip(_ENGINE_COUNTERS.values(), totals)}
+  # The share of what the prefill calls computed that was real tokens, not padding.
+  shape = out["rollout/prefill_shape_tokens"]
+  out["rollout/prefill_fill"] = out["rollout/prefilled_tokens"] / shape if shape else 0.0
+  return out
 
 
 def _sampler_overflow(stats, before) -> dict:

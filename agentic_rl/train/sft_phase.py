@@ -13,6 +13,7 @@ from agentic_rl.rl import train_step as train_step_lib
 from agentic_rl.rl.train_step import TrainState
 from agentic_rl.train import distributed
 from agentic_rl.train import sft as sft_lib
+from agentic_rl.train.progress import Progress
 from agentic_rl.train.run_context import RunContext
 from agentic_rl.train.run_state import RunState
 from agentic_rl.train.state_io import with_reference
@@ -34,8 +35,9 @@ def run_sft(ctx: RunContext, state: TrainState, run: RunState) -> TrainState:
   plateau = _plateau(ctx, route, length) if tc.sft_eval_every else None
   if plateau is not None:
     plateau.load_state_dict(run.sft_plateau)
+  progress = Progress(run.sft_step, tc.sft_steps)
   while run.sft_step < tc.sft_steps and not ctx.stop.is_set():
-    state, plateaued = _sft_step(ctx, step_fn, state, arrays, plateau, run)
+    state, plateaued = _sft_step(ctx, step_fn, state, arrays, plateau, run, progress)
     if plateaued:
       break
   if ctx.stop.is_set():
@@ -105,8 +107,8 @@ def _plateau(ctx: RunContext, route, length: int) -> sft_lib.PlateauStop:
   return sft_lib.PlateauStop(score, patience=tc.sft_patience, min_delta=tc.sft_min_delta)
 
 
-def _sft_step(ctx: RunContext, step_fn, state, arrays, plateau, run: RunState
-              ) -> tuple[TrainState, bool]:
+def _sft_step(ctx: RunContext, step_fn, state, arrays, plateau, run: RunState,
+              progress: Progress) -> tuple[TrainState, bool]:
   """One SFT step on rows drawn from (seed, step); logs, scores the plateau when due and
   checkpoints. True when the plateau says stop."""
   tc = ctx.train_spec
@@ -123,8 +125,11 @@ def _sft_step(ctx: RunContext, step_fn, state, arrays, plateau, run: RunState
   metrics = jax.device_get(metrics)
   run.sft_step = s + 1
   ctx.logger.scalars(run.sft_step, metrics)
+  # With a plateau stop the phase may end sooner: the ETA is then an upper bound.
+  bound = "<=" if plateau is not None else ""
   ctx.say(f"sft {s + 1}/{tc.sft_steps} | loss {metrics['sft/loss']:.3f} | "
-          f"acc {metrics['sft/token_accuracy']:.3f} | {time.time() - t0:.2f}s")
+          f"acc {metrics['sft/token_accuracy']:.3f} | {time.time() - t0:.2f}s | "
+          f"ETA {bound}{progress.eta(run.sft_step):.0f}s")
   plateaued = False
   if plateau is not None and run.sft_step % tc.sft_eval_every == 0:
     plateaued = plateau.score(run.sft_step, state.params)

@@ -18,6 +18,8 @@ from agentic_rl.rollout.device_steps import DeviceSteps
 from agentic_rl.rollout.tokenizer import ByteTokenizer
 
 CHUNK = 32
+# The engine's prefill chunks: prefill_chunk 32 halved down to prefill_chunk_min 16.
+CHUNKS = (16, 32)
 MAX_LEN = 2048  # Holds a real SWE trajectory (~1.8K byte tokens).
 SAMPLED = dict(temperature=3.0, top_k=40, top_p=0.95)
 GREEDY = dict(temperature=0.0, top_k=0, top_p=1.0)
@@ -58,12 +60,12 @@ def tokenizer():
 
 @pytest.fixture(scope="session")
 def sampled_steps(tiny_model):
-  return DeviceSteps(tiny_model[0], sampling.SamplingParams(**SAMPLED), CHUNK)
+  return DeviceSteps(tiny_model[0], sampling.SamplingParams(**SAMPLED), CHUNKS)
 
 
 @pytest.fixture(scope="session")
 def greedy_steps(tiny_model):
-  return DeviceSteps(tiny_model[0], sampling.SamplingParams(**GREEDY), CHUNK)
+  return DeviceSteps(tiny_model[0], sampling.SamplingParams(**GREEDY), CHUNKS)
 
 
 def rollout_spec(model, *, seed: int = 0, **overrides):
@@ -71,6 +73,7 @@ def rollout_spec(model, *, seed: int = 0, **overrides):
   c = rollout_config.default_rollout_config()
   c.num_slots = 3
   c.prefill_chunk = CHUNK
+  c.prefill_chunk_min = CHUNKS[0]
   c.max_new_tokens_per_turn = 12
   c.max_turns = 3
   c.env_threads = 4

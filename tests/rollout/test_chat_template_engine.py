@@ -25,7 +25,7 @@ from agentic_rl.rollout.tokenizer_config import default_tokenizer_config
 from agentic_rl.envs.config import default_env_config, validate_env_config
 from agentic_rl.train import sft
 from tests.hf.tokenizer_fixture import write_tiny_qwen3_tokenizer
-from tests.rollout.conftest import CHUNK, SAMPLED, rollout_spec, tiny_model_config
+from tests.rollout.conftest import CHUNKS, SAMPLED, rollout_spec, tiny_model_config
 from tests.rollout.test_engine import learner_logprobs
 
 transformers = pytest.importorskip("transformers")
@@ -59,7 +59,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def steps(model):
-  return DeviceSteps(model[0], sampling.SamplingParams(**SAMPLED), CHUNK)
+  return DeviceSteps(model[0], sampling.SamplingParams(**SAMPLED), CHUNKS)
 
 
 def json_env():

@@ -14,7 +14,7 @@ from agentic_rl.rollout import config as config_lib
 from agentic_rl.records import trajectory as trajectory_lib
 from agentic_rl.rollout import sampling
 from agentic_rl.rollout.device_steps import DeviceSteps
-from tests.rollout.conftest import CHUNK, SAMPLED, make_engine
+from tests.rollout.conftest import CHUNKS, SAMPLED, make_engine
 from agentic_rl.envs.countdown import CountdownEnv, CountdownTeacher
 
 
@@ -127,6 +127,30 @@ def test_same_seeds_give_the_same_tokens_with_another_slot_count_and_prefill_row
     np.testing.assert_allclose(t.sampler_logp, other[seed].sampler_logp, atol=1e-5)
 
 
+@pytest.mark.slow  # ~2 min: the one-chunk engine compiles its own prefill shapes.
+def test_smaller_prefill_shapes_change_nothing_but_the_work(tiny_model, tokenizer,
+                                                            sampled_steps):
+  # One prefill shape, 2 rows x 32 (prefill_chunk_min 0), against the tests' set, rows of
+  # 1 and 2 by chunks of 16 and 32: the same tokens, less computed.
+  seeds = [101, 202, 303]
+  one_steps = DeviceSteps(tiny_model[0], sampling.SamplingParams(**SAMPLED), 32)
+  one = make_engine(tiny_model, tokenizer, one_steps, CountdownEnv, prefill_chunk_min=0,
+                    prefill_rows=2, prompt_store_rows=2)
+  reference = {t.seed: t for t in one.run(TASKS[:3], task_seeds=seeds)}
+  one.close()
+  many = make_engine(tiny_model, tokenizer, sampled_steps, CountdownEnv, prefill_rows=2,
+                     prompt_store_rows=2)
+  other = {t.seed: t for t in many.run(TASKS[:3], task_seeds=seeds)}
+  many.close()
+  assert many.stats.prefilled_tokens == one.stats.prefilled_tokens
+  assert one.stats.prefill_shape_tokens == 2 * 32 * one.stats.prefill_calls
+  assert many.stats.prefill_shape_tokens < one.stats.prefill_shape_tokens
+  assert many.stats.as_dict()["prefill_fill"] > one.stats.as_dict()["prefill_fill"]
+  for seed, t in reference.items():
+    np.testing.assert_array_equal(t.tokens, other[seed].tokens)
+    np.testing.assert_allclose(t.sampler_logp, other[seed].sampler_logp, atol=1e-5)
+
+
 def test_prompt_and_tool_tokens_are_masked(tiny_model, tokenizer, sampled_steps):
   factory = RecordingFactory()
   engine = make_engine(tiny_model, tokenizer, sampled_steps, factory)
@@ -219,7 +243,7 @@ def test_a_finished_slot_takes_the_next_task_at_once(tiny_model, tokenizer, samp
 def test_compiles_are_bounded_by_the_length_buckets(tiny_model, tokenizer):
   """Calls run on the cache cut to a power-of-two length bucket: a new bucket compiles once,
   and nothing else does, within or across runs and engines of the same shapes."""
-  sampled_steps = DeviceSteps(tiny_model[0], sampling.SamplingParams(**SAMPLED), CHUNK)
+  sampled_steps = DeviceSteps(tiny_model[0], sampling.SamplingParams(**SAMPLED), CHUNKS)
   engine = make_engine(tiny_model, tokenizer, sampled_steps, CountdownEnv)
   engine.run(TASKS[:2])
   warm = dict(sampled_steps.trace_counts)
@@ -243,7 +267,7 @@ def test_compiles_are_bounded_by_the_length_buckets(tiny_model, tokenizer):
 def test_warm_up_compiles_every_bucket_and_changes_no_trajectory(tiny_model, tokenizer):
   """After warm_up a run compiles no prefill or decode step (only the one-off fork and row
   reset), and samples exactly what an engine that was not warmed samples."""
-  warm_steps = DeviceSteps(tiny_model[0], sampling.SamplingParams(**SAMPLED), CHUNK)
+  warm_steps = DeviceSteps(tiny_model[0], sampling.SamplingParams(**SAMPLED), CHUNKS)
   engine = make_engine(tiny_model, tokenizer, warm_steps, CountdownEnv, max_len=256)
   assert engine.warm_up() > 0
   # block_size 4 up to 256: 6 buckets and the whole capacity.
@@ -255,7 +279,7 @@ def test_warm_up_compiles_every_bucket_and_changes_no_trajectory(tiny_model, tok
   assert {k: warm_steps.trace_counts[k] for k in steps_kinds} == {k: before[k]
                                                                   for k in steps_kinds}
   cold = make_engine(tiny_model, tokenizer,
-                     DeviceSteps(tiny_model[0], sampling.SamplingParams(**SAMPLED), CHUNK),
+                     DeviceSteps(tiny_model[0], sampling.SamplingParams(**SAMPLED), CHUNKS),
                      CountdownEnv, max_len=256)
   want = cold.run(TASKS)
   cold.close()

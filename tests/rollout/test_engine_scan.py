@@ -11,7 +11,7 @@ from agentic_rl.model import layer_stack, transformer
 from agentic_rl.records import trajectory as trajectory_lib
 from agentic_rl.rollout import sampling
 from agentic_rl.rollout.device_steps import DeviceSteps
-from tests.rollout.conftest import CHUNK, SAMPLED, make_engine, tiny_model_config
+from tests.rollout.conftest import CHUNKS, SAMPLED, make_engine, tiny_model_config
 from tests.rollout.test_engine import TASKS, learner_logprobs
 
 
@@ -23,7 +23,7 @@ def _spec(scan_layers: bool):
 
 
 def _run(model, params, tokenizer):
-  steps = DeviceSteps(model, sampling.SamplingParams(**SAMPLED), CHUNK)
+  steps = DeviceSteps(model, sampling.SamplingParams(**SAMPLED), CHUNKS)
   engine = make_engine((model, params), tokenizer, steps, CountdownEnv, group_size=2)
   trajectories = engine.run(TASKS[:3])
   engine.close()

@@ -29,7 +29,7 @@ from agentic_rl.rollout.valid_text import valid_text
 from agentic_rl.train import sft as sft_lib
 from configs import quickstart
 from tests.rl import tiny_model as rl_tiny_model
-from tests.rollout.conftest import CHUNK, MAX_LEN, rollout_spec, tiny_model_config
+from tests.rollout.conftest import CHUNKS, MAX_LEN, rollout_spec, tiny_model_config
 
 FFFD = "\ufffd"
 
@@ -113,7 +113,7 @@ def test_surrogates_in_an_observation_reach_the_quickstart_tokenizer_as_fffd():
   engine = engine_lib.RolloutEngine(
       model, params, spec, tokenizer, SweEnv,
       teacher_factory=lambda _: teacher_lib.ReplayTeacher(actions),
-      steps=DeviceSteps(model, sampling.SamplingParams(**FULL), CHUNK))
+      steps=DeviceSteps(model, sampling.SamplingParams(**FULL), CHUNKS))
   try:
     trajectories = engine.run([task])
   finally:

@@ -20,7 +20,7 @@ from agentic_rl.rollout.device_steps import DeviceSteps
 from agentic_rl.rollout.tokenizer import ByteTokenizer
 from agentic_rl.train import sft as sft_lib
 from agentic_rl.train.reporting import END_REASONS, end_reason_metrics
-from tests.rollout.conftest import CHUNK, MAX_LEN, make_engine
+from tests.rollout.conftest import CHUNKS, MAX_LEN, make_engine
 from agentic_rl.envs.countdown import CountdownEnv, CountdownTeacher
 from tests.rollout.test_engine import learner_logprobs
 
@@ -31,7 +31,7 @@ FULL = dict(temperature=1.0, top_k=0, top_p=1.0)
 @pytest.fixture(scope="module")
 def full_steps(tiny_model):
   """Untruncated sampling: a teacher's forced tokens have finite log-probs."""
-  return DeviceSteps(tiny_model[0], sampling.SamplingParams(**FULL), CHUNK)
+  return DeviceSteps(tiny_model[0], sampling.SamplingParams(**FULL), CHUNKS)
 
 
 class PickyTokenizer(ByteTokenizer):

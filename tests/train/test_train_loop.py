@@ -32,7 +32,8 @@ def _metrics(workdir):
   # Wall-clock measures, the peak of live KV bytes and the engine's device call counts:
   # they depend on how trajectories happened to overlap in time (which env threads had
   # answered when the engine batched a prefill or a decode), not on what they hold.
-  timing = ("seconds", "per_s", "wall", "peak_kv_bytes", "prefill_calls", "decode_calls")
+  timing = ("seconds", "per_s", "wall", "peak_kv_bytes", "prefill_calls", "decode_calls",
+            "prefill_shape_tokens", "prefill_fill")
   return [{k: v for k, v in l.items() if not any(t in k for t in timing)} for l in lines]
 
 
@@ -81,10 +82,19 @@ def test_run_writes_summary_logs_and_checkpoints(uninterrupted):
   rl = [m for m in metrics if "rollout/reward_mean" in m]
   assert [m["step"] for m in rl] == [3, 4, 5]
   for key in ("mismatch/k3", "mismatch/routing_agreement", "grad_norm", "skipped_steps",
-              "rollout/mean_length", "tools/calls_total", "loss"):
+              "rollout/mean_length", "tools/calls_total", "loss",
+              # The mismatch's breakdowns, one scalar per turn, position bucket and layer.
+              "mismatch/by_turn/k3/0", "mismatch/by_position/abs_logp_diff_max/0",
+              "mismatch/by_layer/routing_agreement/0"):
     assert key in rl[0], key
   raw = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
   assert all(l["rollout/peak_kv_bytes"] > 0 for l in raw if "rollout/reward_mean" in l)
+  # episodes.jsonl: one shape per sampled episode, tagged with its step.
+  shapes = [json.loads(l) for l in open(os.path.join(workdir, "episodes.jsonl"))]
+  for m in rl:
+    mine = [e for e in shapes if e["step"] == m["step"]]
+    assert len(mine) == m["rollout/episodes"]
+    assert all(e["total_tokens"] >= e["prompt_tokens"] + sum(e["model_tokens"]) for e in mine)
   # Every sampled episode over the step's rollout seconds.
   assert all(l["rollout/trajectories_per_s"] == pytest.approx(
       l["rollout/episodes"] / l["rollout/seconds"]) for l in raw if "rollout/reward_mean" in l)
@@ -172,6 +182,25 @@ def _check_values(workdir, summary, metrics):
 
 
 @pytest.mark.slow
+def test_throughput_report_reads_the_run(uninterrupted):
+  workdir = uninterrupted[0]
+  out = subprocess.run([sys.executable, "-m", "launch.throughput_report",
+                        f"--config={_CONFIG_SCRIPT}", f"--workdir={workdir}", "--repeats=1",
+                        "--json"], env=_env(), capture_output=True, text=True, timeout=900)
+  assert out.returncode == 0, out.stderr[-3000:]
+  report = json.loads(out.stdout.strip().splitlines()[-1])
+  rl = [m for m in _metrics(workdir) if "rollout/reward_mean" in m]
+  assert report["episodes"] == sum(m["rollout/episodes"] for m in rl)
+  assert report["distributions"]["turns"]["count"] == report["episodes"]
+  split = report["time_split"]
+  assert split["steps"] == len(rl) and split["seconds"]["decode"] > 0
+  assert 0 <= split["idle_slot_share"] < 1
+  assert report["route_b_projection"]["p50"]["route_b_speedup"] > 0
+  for name in ("throughput.json", "throughput.md", "throughput_hist.png"):
+    assert os.path.exists(os.path.join(workdir, name)), name
+
+
+@pytest.mark.slow
 def test_kill_9_then_resume_equals_uninterrupted(uninterrupted, tmp_path):
   reference = _metrics(uninterrupted[0])
   workdir = str(tmp_path / "killed")
@@ -185,6 +214,8 @@ def test_kill_9_then_resume_equals_uninterrupted(uninterrupted, tmp_path):
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert "resumed from" in out.stdout
   assert _metrics(workdir) == reference
+  episodes = [open(os.path.join(w, "episodes.jsonl")).read() for w in (workdir, uninterrupted[0])]
+  assert episodes[0] == episodes[1]
   a = json.load(open(os.path.join(workdir, "summary.json")))
   b = json.load(open(os.path.join(uninterrupted[0], "summary.json")))
   assert a["params_sha256"] == b["params_sha256"]

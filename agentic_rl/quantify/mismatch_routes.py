@@ -1,0 +1,106 @@
+"""The routes `launch.measure_mismatch` compares: route A, route B and each single change
+between them, as functions of the run's config.
+
+Route A (consistency first, `train/config.route_a_config`): fp32 compute and cache, the G
+layers dense, routing, blocks and sampling masks replayed. Route B (throughput first): the
+config's own sparse G layers, a bf16 sampler cache, blocks chosen by sampler and learner
+independently, routing replayed (configs/route_b_throughput.py). Each single change is
+route A with one setting moved:
+
+  bf16_cache         the sampler's KV cache in bfloat16 (the learner recomputes in fp32)
+  sparse             the config's own G layers sparse, their blocks replayed
+  no_block_replay    sparse, and the learner picks its own blocks (blocks exist only there)
+  no_routing_replay  the learner routes MoE tokens itself
+  no_sampling_mask   the learner ignores the sampler's top-k/top-p mask (a change only
+                     when the config's sampler truncates)
+
+In fp32 the sampler and learner pick the same experts and blocks, so replay changes little
+there; the bf16 cache is where choices flip. So route B has two replay changes too:
+
+  b_block_replay     route B with its blocks replayed
+  b_no_routing_replay  route B with the learner routing MoE tokens itself
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import ml_collections
+
+from agentic_rl.train import config as train_config_lib
+
+# The model fields a route may change from the checkpoint's layout (a fingerprint change
+# the route accepts on purpose; the base config is checked against the checkpoint first).
+ROUTE_LAYOUT_FIELDS = ("layer_pattern", "cache_dtype")
+
+
+def _route_a(config):
+  return train_config_lib.route_a_config(config)
+
+
+def _route_a_sparse(config):
+  """Route A's settings with the config's own layer pattern (G layers stay sparse)."""
+  out = _route_a(config)
+  out.model.layer_pattern = config.model.layer_pattern
+  return out
+
+
+def _route_b(config):
+  out = ml_collections.ConfigDict(config.to_dict())
+  out.model.cache_dtype = "bfloat16"
+  out.rl.replay.blocks = False
+  out.rl.replay.routing = True
+  out.rl.replay.sampling_mask = True
+  return out
+
+
+def _set(make, **fields) -> Callable:
+  """`make` with dotted fields set, e.g. _set(_route_a, **{"model.cache_dtype": "bf16"})."""
+  def build(config):
+    out = make(config)
+    for dotted, value in fields.items():
+      *sections, leaf = dotted.split(".")
+      node = out
+      for s in sections:
+        node = node[s]
+      node[leaf] = value
+    return out
+  return build
+
+
+ROUTES: dict[str, Callable] = {
+    "a": _route_a,
+    "b": _route_b,
+    "bf16_cache": _set(_route_a, **{"model.cache_dtype": "bfloat16"}),
+    "sparse": _route_a_sparse,
+    "no_block_replay": _set(_route_a_sparse, **{"rl.replay.blocks": False}),
+    "no_routing_replay": _set(_route_a, **{"rl.replay.routing": False}),
+    "no_sampling_mask": _set(_route_a, **{"rl.replay.sampling_mask": False}),
+    "b_block_replay": _set(_route_b, **{"rl.replay.blocks": True}),
+    "b_no_routing_replay": _set(_route_b, **{"rl.replay.routing": False}),
+}
+
+
+def parse_routes(names: str | list[str] | None) -> list[str]:
+  """Route names from a comma list (None or empty: all, in ROUTES order); an unknown name
+  raises, listing the valid ones."""
+  if not names:
+    return list(ROUTES)
+  if isinstance(names, str):
+    names = [n for n in names.split(",") if n.strip()]
+  names = [n.strip() for n in names]
+  unknown = [n for n in names if n not in ROUTES]
+  if unknown:
+    raise ValueError(f"--routes: unknown route(s) {unknown}; valid routes: "
+                     f"{', '.join(ROUTES)}.")
+  if len(set(names)) != len(names):
+    raise ValueError(f"--routes={','.join(names)} names a route twice.")
+  return names
+
+
+def route_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:
+  """`config` under route `name`, allowed to load the checkpoint in that route's layout."""
+  out = ROUTES[parse_routes([name])[0]](config)
+  allowed = tuple(out.train.allow_fingerprint_change) + ROUTE_LAYOUT_FIELDS
+  out.train.allow_fingerprint_change = tuple(dict.fromkeys(allowed))
+  return out
