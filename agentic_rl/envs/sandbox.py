@@ -28,8 +28,10 @@ module alone. The server answers on a control pipe no request process holds,
 so printed output cannot end a call. After a timeout or too much output the
 request's processes are killed (in the fallback with a uid drop, all but the
 server, which then reaps them and carries on; elsewhere the whole sandbox,
-and the next request starts a new server). A crash, or, without per-call
-namespaces, any process surviving its request, also ends the whole sandbox.
+and the next request starts a new server). Without per-call namespaces the
+server ends each request with `kill(-1)` as the sandbox uid (it spares the
+server; a /proc scan alone misses a chain that keeps forking), and a crash,
+or any process surviving its request, also ends the whole sandbox.
 Where survivors cannot be detected (fallback without the uid drop) the server
 is killed after every request. Output is captured up to a bound (head and
 tail of each stream) and a command writing more than `output_kill_bytes` is
@@ -340,8 +342,8 @@ def missing_guarantees(iso: _Isolation) -> list[str]:
             "host processes are not stopped",
             "no per-episode disk quota (only each file is bounded)"]
   if not iso.nested:
-    out += ["no per-call pid namespace: a process that leaves its process group is found by "
-            "uid, and only where the uid is the sandbox's own",
+    out += ["no per-call pid namespace: a process that leaves its process group is killed by "
+            "uid (kill(-1) as the uid), and only where the uid is the sandbox's own",
             "no private /proc: host processes are visible"]
   if not iso.memory_cgroup:
     out.append("no memory cgroup: memory is bounded per process (RLIMIT_AS), not in total, "

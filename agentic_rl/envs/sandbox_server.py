@@ -26,7 +26,10 @@ else the call started (setsid'd daemons included) before A's wait returns:
 no process survives its call. The server makes itself non-dumpable, so even a
 process that could name it could not read its memory. Where the kernel refuses
 nested namespaces (some fallback hosts) a request runs in a forked child in
-its own process group, and leftovers are found by uid (CHECK_LEFTOVERS=1) and
+its own process group. There, where no ancestor shares the server's uid, the
+server then sends SIGKILL to every process of its uid at once (kill(-1) spares
+the caller, and a chain that keeps forking cannot outrun it the way it can
+outrun a /proc scan); leftovers are then found by uid (CHECK_LEFTOVERS=1) and
 reported as a dirty run, which makes the host kill the whole sandbox.
 
 Requests:
@@ -548,6 +551,30 @@ def _reap():
       return
 
 
+def _can_sweep(uid, ancestors):
+  """Whether kill(-1) as our uid hits only the calls' processes: no ancestor but a pid
+  namespace's init (which kill(-1) spares) runs as our uid."""
+  for pid in ancestors:
+    if pid == 1:
+      continue
+    try:
+      with open(f"/proc/{pid}/status") as f:
+        fields = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+      if int(fields["Uid"].split()[0]) == uid:
+        return False
+    except (OSError, KeyError, ValueError, IndexError):
+      return False  # Unreadable: assume it might be ours.
+  return True
+
+
+def _sweep():
+  """SIGKILL to every process of our uid but ourselves, in one kernel pass."""
+  try:
+    os.kill(-1, signal.SIGKILL)
+  except OSError:
+    pass  # ESRCH: nothing else runs as our uid.
+
+
 def _dirty(uid, me, ancestors):
   """Whether a process of ours outlived its request (a just-killed one gets a moment)."""
   for delay in (0.0, 0.005, 0.02, 0.05):
@@ -580,6 +607,7 @@ def serve():
   check = settings["check_leftovers"] is True
   me, uid, gid = os.getpid(), os.getuid(), os.getgid()
   ancestors = _parent_chain()
+  sweep = check and uid != 0 and _can_sweep(uid, ancestors)
   if _LIBC is not None:
     _LIBC.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     _LIBC.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # Orphans re-parent to us, not init.
@@ -616,6 +644,8 @@ def serve():
         os.killpg(pid, signal.SIGKILL)
       except OSError:
         pass
+      if sweep:
+        _sweep()
       dirty = _dirty(uid, me, ancestors) if check else (_reap() or False)
     os.set_blocking(status_r, False)
     code, setup_error = _call_status(status_r, None if nested else status)

@@ -60,15 +60,34 @@ print("parent done")
 """
 
 
+# A chain that keeps forking and exiting: each generation lives a moment, so a /proc scan
+# that lists pids first and reads them later can miss every one; the last one acts later.
+HOPPER = """\
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    t = time.time()
+    while time.time() - t < 0.3:
+        if os.fork() != 0:
+            os._exit(0)
+    time.sleep(0.8)
+    open("late.txt", "w").write("acted after the call")
+    os._exit(0)
+print("parent done")
+"""
+
+
 def _snapshot(env):
   return sorted(os.listdir(env._sandbox.workspace.path))
 
 
 @pytest.mark.parametrize("namespaces", ["auto", "off"])
-@pytest.mark.parametrize("attack", ["forged_done_line", "setsid_daemon", "hardy_daemons"])
+@pytest.mark.parametrize("attack", ["forged_done_line", "setsid_daemon", "hardy_daemons",
+                                    "fork_hopper"])
 @pytest.mark.parametrize("via", ["python", "test"])
 def test_nothing_outlives_its_call(isolation, attack, via, namespaces):
-  code = {"forged_done_line": FORGE_DONE, "setsid_daemon": DAEMON, "hardy_daemons": HARDY}[attack]
+  code = {"forged_done_line": FORGE_DONE, "setsid_daemon": DAEMON, "hardy_daemons": HARDY,
+          "fork_hopper": HOPPER}[attack]
   with SweEnv(env_config(isolation, reward=PASS_FRACTION, timeout_s=5.0,
                          sandbox__per_call_namespaces=namespaces)) as env:
     env.reset(TASK)
@@ -94,3 +113,22 @@ def test_nothing_outlives_its_call(isolation, attack, via, namespaces):
       assert "late.txt" not in returned  # Graded calls see a read-only copy of the module.
     r = env.step(F("test"))  # The sandbox still serves calls.
     assert r.info["tests_passed"] in (0, TASK.hidden_initial_passed), r.observation
+
+
+def test_fallback_sweeps_leftovers_and_keeps_its_server():
+  """Without per-call namespaces the server ends each call with kill(-1) as its uid: the
+  daemons die before it answers, so no scan can miss one and no restart is needed."""
+  with SweEnv(env_config("fallback", reward=PASS_FRACTION, timeout_s=5.0,
+                         sandbox__per_call_namespaces="off")) as env:
+    env.reset(TASK)
+    uid = env._sandbox.uid
+    if uid is None:
+      pytest.skip("host not root: no per-sandbox uid to sweep by")
+    env.step(F("python", code="pass"))
+    starts = env._sandbox.server_starts
+    for code in (DAEMON, HOPPER, HARDY, DAEMON, HOPPER):
+      r = env.step(F("python", code=code))
+      assert "parent done" in r.observation
+      assert len(live_pids_of_uid(uid)) == 1, r.observation  # The server alone.
+    env.step(F("python", code="pass"))
+    assert env._sandbox.server_starts == starts
