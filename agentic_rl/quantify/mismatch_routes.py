@@ -55,16 +55,19 @@ def _route_b(config):
 
 
 def _set(make, **fields) -> Callable:
-  """`make` with dotted fields set, e.g. _set(_route_a, **{"model.cache_dtype": "bf16"})."""
+  """`make` with dotted fields set, e.g. _set(_route_a, **{"model.cache_dtype": "bf16"});
+  a field the config lacks is an error (train/config.apply_overrides)."""
+  nested: dict = {}
+  for dotted, value in fields.items():
+    *sections, leaf = dotted.split(".")
+    node = nested
+    for s in sections:
+      node = node.setdefault(s, {})
+    node[leaf] = value
+  overrides = ml_collections.ConfigDict(nested)
+
   def build(config):
-    out = make(config)
-    for dotted, value in fields.items():
-      *sections, leaf = dotted.split(".")
-      node = out
-      for s in sections:
-        node = node[s]
-      node[leaf] = value
-    return out
+    return train_config_lib.apply_overrides(make(config), overrides)
   return build
 
 

@@ -27,6 +27,7 @@ from agentic_rl.model import config as model_config
 from agentic_rl.model import transformer
 from agentic_rl.quantify import mismatch_routes
 from agentic_rl.rollout import config as rollout_config
+from agentic_rl.rollout.device_steps import attend_length
 
 TIME_KEYS = ("decode", "prefill", "env_wait", "host")
 
@@ -95,13 +96,6 @@ def kv_bytes(specs: dict, lengths: dict) -> dict:
   return out
 
 
-def _attend(spec, positions: int, capacity: int) -> int | None:
-  length = spec.block_size
-  while length < positions:
-    length *= 2
-  return None if length >= capacity else length
-
-
 def decode_step_ms(spec, slots: int, length: int, capacity: int, repeats: int = 5,
                    seed: int = 0) -> float:
   """Median wall ms of one cached decode forward of `slots` rows whose caches hold
@@ -112,7 +106,7 @@ def decode_step_ms(spec, slots: int, length: int, capacity: int, repeats: int = 
   positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (slots, length))
   cache = model.init_cache(slots, capacity)
   _, cache, _ = jax.jit(model.forward)(params, tokens, positions, cache)
-  kv_len = _attend(spec, length + 1, capacity)
+  kv_len = attend_length(spec.block_size, length + 1, capacity)
   step = jax.jit(lambda p, t, pos, c: model.forward(p, t, pos, c, kv_len=kv_len)[0])
   tok = tokens[:, -1:]
   pos = jnp.full((slots, 1), length, jnp.int32)

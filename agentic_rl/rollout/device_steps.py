@@ -97,6 +97,17 @@ def overflow_counts(aux: dict) -> jax.Array:
   return jnp.zeros(2, jnp.int32) if counts is None else jnp.stack(counts)
 
 
+def attend_length(block_size: int, positions: int, capacity: int | None) -> int | None:
+  """The cache length a call that writes below `positions` attends over: a power of two
+  times the block size (few shapes to compile), or None for the whole capacity."""
+  if capacity is None:
+    return None
+  length = block_size
+  while length < positions:
+    length *= 2
+  return None if length >= capacity else length
+
+
 class DeviceSteps:
   """Jitted, cache-donating steps of one model with one sampling setting and set of
   prefill chunk sizes.
@@ -188,15 +199,8 @@ class DeviceSteps:
 
   def attend_length(self, cache, positions: int) -> int | None:
     """The cache length a call that writes below `positions` reads (decode: kv_len) or
-    copies (prefill: the rows gathered): a power of two times the block size (few shapes
-    to compile), or None for the whole capacity."""
-    capacity = cache_lib.capacity(cache)
-    if capacity is None:
-      return None
-    length = self.model.spec.block_size
-    while length < positions:
-      length *= 2
-    return None if length >= capacity else length
+    copies (prefill: the rows gathered); see `attend_length`."""
+    return attend_length(self.model.spec.block_size, positions, cache_lib.capacity(cache))
 
   def attend_lengths(self, cache) -> list[int | None]:
     """Every length `attend_length` can pick for `cache`."""

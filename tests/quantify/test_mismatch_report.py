@@ -3,8 +3,6 @@ launch.measure_mismatch end to end on the shipped base (slow)."""
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,8 +10,7 @@ import pytest
 from agentic_rl.quantify import mismatch_report as mr
 from agentic_rl.quantify import mismatch_routes
 from configs import quickstart
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.quantify.launch_command import run_launch
 
 
 def test_token_stats_by_hand():
@@ -66,6 +63,13 @@ def test_routes_set_what_they_say():
   assert set(a.train.allow_fingerprint_change) >= {"layer_pattern", "cache_dtype"}
 
 
+def test_a_route_setting_a_field_the_config_lacks_is_an_error():
+  from tests.train.tiny_config import tiny_config
+  route = mismatch_routes._set(mismatch_routes._route_a, **{"rl.replay.experts": False})
+  with pytest.raises(ValueError, match=r"override rl\.replay\.experts: the config has no field"):
+    route(tiny_config())
+
+
 def test_unknown_route_lists_the_valid_ones():
   with pytest.raises(ValueError, match=r"unknown route\(s\) \['c'\]; valid routes: a, b, "):
     mismatch_routes.parse_routes("a,c")
@@ -85,13 +89,11 @@ def test_a_checkpoint_of_another_layout_is_refused_naming_the_field(tmp_path):
 @pytest.mark.slow  # ~4 min: three routes, each its own engine and learner compile.
 def test_measure_mismatch_on_the_shipped_base(tmp_path):
   out = str(tmp_path / "mm")
-  run = subprocess.run(
-      [sys.executable, "-m", "launch.measure_mismatch",
-       "--config", "tests/train/tiny_config_file.py", "--checkpoint", quickstart.BASE,
-       "--workdir", out, "--num_tasks", "4", "--routes", "a,b,b_no_routing_replay",
-       "--config.rollout.max_turns=6", "--config.rollout.max_new_tokens_per_turn=48",
-       "--json"], cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
-      capture_output=True, text=True, timeout=1800)
+  run = run_launch(
+      "measure_mismatch", "--config", "tests/train/tiny_config_file.py",
+      "--checkpoint", quickstart.BASE, "--workdir", out, "--num_tasks", "4",
+      "--routes", "a,b,b_no_routing_replay", "--config.rollout.max_turns=6",
+      "--config.rollout.max_new_tokens_per_turn=48", "--json", timeout=1800)
   assert run.returncode == 0, run.stderr[-3000:]
   routes = json.loads(run.stdout.strip().splitlines()[-1])["routes"]
   a, b, free = routes["a"], routes["b"], routes["b_no_routing_replay"]
@@ -138,9 +140,7 @@ def test_reports_have_a_panel_and_a_line_per_route(tmp_path):
 
 
 def test_the_command_refuses_an_unknown_route_before_any_work(tmp_path):
-  out = subprocess.run([sys.executable, "-m", "launch.measure_mismatch", "--checkpoint",
-                        "/nonexistent", "--workdir", str(tmp_path), "--routes", "a,fast"],
-                       cwd=ROOT, env=dict(os.environ, JAX_PLATFORMS="cpu"),
-                       capture_output=True, text=True, timeout=300)
+  out = run_launch("measure_mismatch", "--checkpoint", "/nonexistent",
+                   "--workdir", str(tmp_path), "--routes", "a,fast")
   assert out.returncode != 0 and "unknown route(s) ['fast']; valid routes: a, b" in out.stderr
   assert not os.listdir(tmp_path)

@@ -1,13 +1,9 @@
 """quantify/recommend.py: each rule on hand-made reports; launch.recommend's files."""
 
 import json
-import os
-import subprocess
-import sys
 
 from agentic_rl.quantify import recommend as rc
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.quantify.launch_command import run_launch
 
 
 def _mismatch(k3_b, outside_b=0.0):
@@ -57,9 +53,8 @@ def test_the_command_reads_the_reports(tmp_path):
   (tmp_path / "report.json").write_text(json.dumps(_mismatch(1e-7)))
   (tmp_path / "coverage.json").write_text(json.dumps(COVERAGE))
   (tmp_path / "throughput.json").write_text(json.dumps(_throughput(1.5)))
-  out = subprocess.run([sys.executable, "-m", "launch.recommend", "--workdir", str(tmp_path),
-                        "--config.model.topk_tokens=64", "--json"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+  out = run_launch("recommend", "--workdir", str(tmp_path), "--config.model.topk_tokens=64",
+                   "--json")
   assert out.returncode == 0, out.stderr[-2000:]
   rec = json.loads(out.stdout.strip().splitlines()[-1])
   assert rec["route"] == "B then A" and rec["switch_to_route_a_at"] == 26  # 0.75 x 34.

@@ -4,8 +4,6 @@ the indexer's cost by hand; launch.sparse_coverage end to end (slow)."""
 import json
 import math
 import os
-import subprocess
-import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -15,8 +13,7 @@ from agentic_rl.kernels import reference
 from agentic_rl.quantify import coverage_report
 from agentic_rl.quantify import sparse_coverage as sc
 from configs import quickstart
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.quantify.launch_command import run_launch
 
 
 def _qk(t=29, n=4, kv=2, h=8, seed=0):
@@ -123,13 +120,10 @@ def test_plot_has_a_line_per_block_size(tmp_path):
 @pytest.mark.slow  # ~1 min: samples two task groups, then the float64 reference.
 def test_sparse_coverage_on_the_shipped_base(tmp_path):
   out = str(tmp_path / "cov")
-  run = subprocess.run(
-      [sys.executable, "-m", "launch.sparse_coverage",
-       "--config", "tests/train/tiny_config_file.py", "--checkpoint", quickstart.BASE,
-       "--workdir", out, "--block_sizes", "1,8", "--topk_tokens", "16,64,4096",
-       "--num_trajectories", "2", "--json"], cwd=ROOT,
-      env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
-      timeout=1200)
+  run = run_launch(
+      "sparse_coverage", "--config", "tests/train/tiny_config_file.py",
+      "--checkpoint", quickstart.BASE, "--workdir", out, "--block_sizes", "1,8",
+      "--topk_tokens", "16,64,4096", "--num_trajectories", "2", "--json", timeout=1200)
   assert run.returncode == 0, run.stderr[-3000:]
   result = json.loads(run.stdout.strip().splitlines()[-1])
   rows = {(r["block_size"], r["topk_tokens"]): r for r in result["rows"]}
@@ -152,9 +146,7 @@ def test_sparse_coverage_on_the_shipped_base(tmp_path):
     (["--block_sizes", "8", "--topk_tokens", "12"], "not a multiple of any"),
 ])
 def test_the_command_refuses_a_bad_grid_before_any_work(tmp_path, flags, error):
-  out = subprocess.run([sys.executable, "-m", "launch.sparse_coverage", "--checkpoint",
-                        "/nonexistent", "--workdir", str(tmp_path), *flags], cwd=ROOT,
-                       env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
-                       text=True, timeout=300)
+  out = run_launch("sparse_coverage", "--checkpoint", "/nonexistent",
+                   "--workdir", str(tmp_path), *flags)
   assert out.returncode != 0 and error in out.stderr
   assert not os.listdir(tmp_path)  # Nothing sampled, nothing written.
