@@ -19,6 +19,15 @@ there; the bf16 cache is where choices flip. So route B has two replay changes t
 
   b_block_replay     route B with its blocks replayed
   b_no_routing_replay  route B with the learner routing MoE tokens itself
+
+And a noisier pair, for the question replay answers: with sampler and learner both
+computing in bfloat16 (route A's settings otherwise), does replaying the sampler's
+choices lower the mismatch?
+
+  bf16_compute                    model.dtype bfloat16, routing replayed
+  bf16_compute_no_routing_replay  ... and the learner routes itself
+  bf16_compute_sparse             ... the config's G layers sparse, blocks replayed
+  bf16_compute_no_block_replay    ... and the learner picks its own blocks
 """
 
 from __future__ import annotations
@@ -81,6 +90,12 @@ ROUTES: dict[str, Callable] = {
     "no_sampling_mask": _set(_route_a, **{"rl.replay.sampling_mask": False}),
     "b_block_replay": _set(_route_b, **{"rl.replay.blocks": True}),
     "b_no_routing_replay": _set(_route_b, **{"rl.replay.routing": False}),
+    "bf16_compute": _set(_route_a, **{"model.dtype": "bfloat16"}),
+    "bf16_compute_no_routing_replay": _set(_route_a, **{"model.dtype": "bfloat16",
+                                                        "rl.replay.routing": False}),
+    "bf16_compute_sparse": _set(_route_a_sparse, **{"model.dtype": "bfloat16"}),
+    "bf16_compute_no_block_replay": _set(_route_a_sparse, **{"model.dtype": "bfloat16",
+                                                             "rl.replay.blocks": False}),
 }
 
 

@@ -61,6 +61,13 @@ def test_routes_set_what_they_say():
   sparse = mismatch_routes.route_config(config, "no_block_replay")
   assert sparse.model.layer_pattern == "SSSG" and not sparse.rl.replay.blocks
   assert set(a.train.allow_fingerprint_change) >= {"layer_pattern", "cache_dtype"}
+  bf16 = {n: mismatch_routes.route_config(config, n) for n in mismatch_routes.ROUTES
+          if n.startswith("bf16_compute")}
+  assert all(c.model.dtype == "bfloat16" and c.model.cache_dtype == "float32"
+             for c in bf16.values())
+  assert not bf16["bf16_compute_no_routing_replay"].rl.replay.routing
+  assert bf16["bf16_compute_sparse"].model.layer_pattern == "SSSG"
+  assert not bf16["bf16_compute_no_block_replay"].rl.replay.blocks
 
 
 def test_a_route_setting_a_field_the_config_lacks_is_an_error():
