@@ -39,6 +39,7 @@ from agentic_rl.model import config as model_config
 from agentic_rl.model import transformer
 from agentic_rl.rollout import config as rollout_config
 from agentic_rl.rollout import engine as engine_lib
+from agentic_rl.rollout import engine_stats
 from agentic_rl.rollout import teacher as teacher_lib
 from agentic_rl.rollout import tokenizer as tokenizer_lib
 from launch import config_flag
@@ -229,9 +230,9 @@ def main(argv):
       "steady_slot_utilization": stats["steady_slot_utilization"],
       "prefix_reuse_speedup": {k: v.get("speedup") for k, v in reuse.items()},
       "group_prefill_speedup": group["speedup"],
-      "time_split_s": {k: stats[k] for k in ("decode_s", "prefill_s", "env_wait_s", "host_s")},
+      "time_split_s": {k: stats[k] for k in engine_stats.TIME_BUCKETS},
       "time_split_share": {k: stats[k] / max(stats["wall_s"], 1e-9)
-                           for k in ("decode_s", "prefill_s", "env_wait_s", "host_s")},
+                           for k in engine_stats.TIME_BUCKETS},
       "env_thread_s": stats["env_thread_s"],
       "wall_s": stats["wall_s"],
       "peak_kv_bytes": stats["peak_kv_bytes"],

@@ -29,7 +29,7 @@ from agentic_rl.quantify import mismatch_routes
 from agentic_rl.rollout import config as rollout_config
 from agentic_rl.rollout.device_steps import attend_length
 
-TIME_KEYS = ("decode", "prefill", "env_wait", "host")
+TIME_KEYS = ("decode", "prefill", "fork", "env_wait", "host")
 
 
 def read_jsonl(path: str) -> list[dict]:

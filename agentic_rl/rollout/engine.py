@@ -175,7 +175,7 @@ class RolloutEngine(TrajectoryTurns):
         t0, busy = time.perf_counter(), self._busy_slots()
         self._fill_slots()
         self._all_slots_filled |= all(a is not None for a in self._slots)
-        self._account(t0, busy, "prefill_s")
+        self._account(t0, busy, "fork_s")
         did_work = self._prefill_once()
         did_work |= self._decode_once()
         self._update_peak_kv()

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 
+# The buckets that split the scheduler's wall time (RolloutStats fields).
+TIME_BUCKETS = ("decode_s", "prefill_s", "fork_s", "env_wait_s", "host_s")
+
 
 @dataclasses.dataclass
 class RolloutStats:
   """Counters of one engine (all its runs); `as_dict` derives rates and shares.
 
-  Time buckets split the scheduler's wall time: decode_s, prefill_s, env_wait_s
-  (nothing for the device to do until an environment answers) and host_s.
+  Time buckets split the scheduler's wall time: decode_s, prefill_s, fork_s,
+  env_wait_s (nothing for the device to do until an environment answers) and host_s.
   slot_utilization = busy slot-seconds / (num_slots x wall), a slot being busy
   while it holds a trajectory whose next work is on the device (decoding,
   prefilling or queued for prefill); free slots and slots waiting for their
@@ -20,7 +23,8 @@ class RolloutStats:
   num_slots: int = 1
   wall_s: float = 0.0
   decode_s: float = 0.0
-  prefill_s: float = 0.0  # Prompt and observation prefill, and prompt copies into slots.
+  prefill_s: float = 0.0  # Prompt and observation prefill calls.
+  fork_s: float = 0.0  # Prompt copies into slots, each with its first draw.
   env_wait_s: float = 0.0  # Scheduler idle, waiting for the host environments.
   env_thread_s: float = 0.0  # Summed time of env resets and steps on the threads.
   host_s: float = 0.0  # Everything else in the scheduler loop.

@@ -24,7 +24,8 @@ BEHAVIOUR_SERIES = (("heldout/multi_edit_share", "two or more edits"),
                     ("heldout/out_of_turns_share", "out of turns"))
 # Where each step's rollout time went (RolloutStats): (key, label).
 TIME_SERIES = (("rollout/decode_seconds", "decode"), ("rollout/prefill_seconds", "prefill"),
-               ("rollout/env_wait_seconds", "env wait"), ("learner/seconds", "learner"))
+               ("rollout/fork_seconds", "fork"), ("rollout/env_wait_seconds", "env wait"),
+               ("learner/seconds", "learner"))
 CURVE_KEYS = ("rollout/reward_mean", "rollout/solve_rate", "rollout/solve_stderr",
               "heldout/solve_rate", "heldout/solve_stderr", "mismatch/k3",
               "rollout/tokens_per_s", "learner/generated_tokens_per_s",

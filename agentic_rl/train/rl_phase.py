@@ -227,7 +227,7 @@ def _collect(ctx: RunContext, route, sampler, state, step: int):
 
 # The engine's counters this step logs (RolloutStats fields), as rollout/<name>.
 _ENGINE_COUNTERS = {"decode_s": "decode_seconds", "prefill_s": "prefill_seconds",
-                    "env_wait_s": "env_wait_seconds", "host_s": "host_seconds",
+                    "fork_s": "fork_seconds", "env_wait_s": "env_wait_seconds", "host_s": "host_seconds",
                     "generated_tokens": "generated_tokens", "prefill_calls": "prefill_calls",
                     "decode_calls": "decode_calls", "prefilled_tokens": "prefilled_tokens",
                     "prefill_shape_tokens": "prefill_shape_tokens",
@@ -237,7 +237,7 @@ _ENGINE_COUNTERS = {"decode_s": "decode_seconds", "prefill_s": "prefill_seconds"
 
 def _engine_time_split(stats, before, gather) -> dict:
   """This step's share of the engine's counters (RolloutStats): where the rollout time
-  went (decode, prefill, waiting for environments, host bookkeeping) and what it made,
+  went (decode, prefill, forks into slots, waiting for environments, host bookkeeping) and what it made,
   every sampled episode included; summed over processes."""
   local = np.asarray([getattr(stats, k) - getattr(before, k) for k in _ENGINE_COUNTERS],
                      np.float64)

@@ -24,7 +24,7 @@ EPISODES = [
 ]
 METRICS = [
     {"step": 1, "rollout/decode_seconds": 3.0, "rollout/prefill_seconds": 1.0,
-     "rollout/env_wait_seconds": 0.5, "rollout/host_seconds": 0.5,
+     "rollout/fork_seconds": 0.25, "rollout/env_wait_seconds": 0.5, "rollout/host_seconds": 0.5,
      "rollout/busy_slot_seconds": 30.0, "rollout/slot_seconds": 40.0},
     {"step": 2, "rollout/decode_seconds": 1.0, "rollout/prefill_seconds": 1.0,
      "rollout/env_wait_seconds": 0.5, "rollout/host_seconds": 0.5,
@@ -42,9 +42,9 @@ def test_report_by_hand(tmp_path):
   assert d["model_tokens_per_turn"]["count"] == 3 and d["model_tokens_per_turn"]["mean"] == 70 / 3
   assert d["observation_tokens"]["max"] == 50 and d["total_tokens"]["p50"] == 185
   ts = r["time_split"]
-  assert ts["steps"] == 2 and ts["seconds"] == {"decode": 4.0, "prefill": 2.0,
+  assert ts["steps"] == 2 and ts["seconds"] == {"decode": 4.0, "prefill": 2.0, "fork": 0.25,
                                                 "env_wait": 1.0, "host": 1.0}
-  assert ts["share"]["decode"] == 0.5 and ts["idle_slot_share"] == pytest.approx(0.5)
+  assert ts["share"]["decode"] == 4.0 / 8.25 and ts["idle_slot_share"] == pytest.approx(0.5)
   kv = r["kv_bytes_per_slot"]
   assert kv["budget_tokens"] == 1024  # quickstart's rollout.max_len.
   # Route B's bf16 cache holds the same tokens in half the bytes of route A's fp32 one,
@@ -52,7 +52,7 @@ def test_report_by_hand(tmp_path):
   assert 0.4 < kv["b"]["p50"] / kv["a"]["p50"] < 0.6
   assert kv["a"]["p50"] < kv["a"]["max"] <= kv["a"]["budget"]
   md = tr.markdown(r)
-  assert "| decode | 4.0 | 0.5 |" in md and "Idle slot share: 0.5" in md
+  assert "| decode | 4.0 | 0.485 |" in md and "Idle slot share: 0.5" in md
   fig = tr.write_histograms(EPISODES, str(tmp_path / "h.png"))
   assert len(fig.axes) == 4 and (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

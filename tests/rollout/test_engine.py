@@ -12,6 +12,7 @@ from agentic_rl.records import batch as batch_lib
 from agentic_rl.rl import logprobs
 from agentic_rl.rollout import config as config_lib
 from agentic_rl.records import trajectory as trajectory_lib
+from agentic_rl.rollout import engine_stats
 from agentic_rl.rollout import sampling
 from agentic_rl.rollout.device_steps import DeviceSteps
 from tests.rollout.conftest import CHUNKS, SAMPLED, make_engine
@@ -192,6 +193,10 @@ def test_group_members_share_one_prompt_prefill(tiny_model, tokenizer, sampled_s
   engine.close()
   stats = engine.stats
   assert stats.prompts_prefilled == 2 and stats.forks == 6
+  # The forks have their own time bucket, and the buckets split the wall time.
+  assert stats.fork_s > 0 and stats.prefill_s > 0
+  buckets = sum(getattr(stats, k) for k in engine_stats.TIME_BUCKETS)
+  assert buckets == pytest.approx(stats.wall_s, rel=0.05)
   for group_id in (0, 1):
     members = [t for t in trajectories if t.group_id == group_id]
     assert sorted(t.member for t in members) == [0, 1, 2]
