@@ -55,7 +55,6 @@ import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from agentic_rl.model import cache as cache_lib
@@ -290,21 +289,36 @@ class RolloutEngine(TrajectoryTurns):
         member.teacher = self.teacher_factory(group.task)
     reset = np.zeros(self.spec.prompt_store_rows, bool)
     reset[group.store_row] = True
-    self.store = self.steps.reset_rows(self.store, jnp.asarray(reset))
+    self.store = self.steps.reset_rows(self.store, reset)
     self._store_lengths[group.store_row] = 0
     self._prefill_queue.append(group)
 
   def _fill_slots(self) -> None:
+    """Forks a ready group's next member into each free slot. The forks queue on the
+    device back to back, and their first draws come back in one transfer: one wait for
+    the host per pass, not one per slot."""
+    forked = []
     for slot in range(self.spec.num_slots):
       if self._slots[slot] is not None:
         continue
       group = next((g for g in self._groups if g.ready and g.next_member < len(g.members)),
                    None)
       if group is None:
-        return
-      self._fork_into(slot, group)
+        break
+      fork = self._fork_into(slot, group)
+      if fork is not None:
+        forked.append(fork)
+    if not forked:
+      return
+    draws = jax.device_get([sampled for _, sampled, _ in forked])
+    for (active, _, version), sampled in zip(forked, draws):
+      active.builder.begin_turn()
+      self._on_token(active, sampled.tokens_b[0], sampled.logp_b[0], sampled.mask_bw[0],
+                     version)
 
-  def _fork_into(self, slot: int, group: Group) -> None:
+  def _fork_into(self, slot: int, group: Group):
+    """Starts the fork of `group`'s next member into `slot`: (active, its first draw on
+    the device, the params version), or None when the member ended before drawing."""
     member = group.members[group.next_member]
     group.next_member += 1
     active = Active(slot=slot, group=group, member=member, builder=group.builder.copy(),
@@ -314,20 +328,18 @@ class RolloutEngine(TrajectoryTurns):
       self._groups.remove(group)
       self._free_store_rows.append(group.store_row)
     if member.teacher is not None and not self._queue_teacher_turn(active, member.observation):
-      return  # Ended with its prompt alone: the teacher's first action did not tokenize.
+      return None  # Ended with its prompt alone: the teacher's first action did not tokenize.
     forced = active.forced.popleft() if active.forced else -1
     self.steps.check_forced(np.asarray([forced]))
     _, version = self._current_params()
+    # numpy scalars travel with the call; jnp scalars would each be a device op first.
     self.cache, sampled = self.steps.fork(
-        self.cache, self.store, jnp.int32(group.store_row), jnp.int32(slot),
-        group.last_logits_v, jnp.uint32(member.seed), jnp.int32(group.cache_len - 1),
-        jnp.int32(forced))
+        self.cache, self.store, np.int32(group.store_row), np.int32(slot),
+        group.last_logits_v, np.uint32(member.seed), np.int32(group.cache_len - 1),
+        np.int32(forced))
     self._cache_lengths[slot] = self._store_lengths[group.store_row]
-    sampled = jax.device_get(sampled)
     self.stats.forks += 1
-    active.builder.begin_turn()
-    self._on_token(active, sampled.tokens_b[0], sampled.logp_b[0], sampled.mask_bw[0],
-                   version)
+    return active, sampled, version
 
   def _current_params(self):
     with self._params_lock:
