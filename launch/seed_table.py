@@ -38,8 +38,9 @@ def seed_row(seed: int, summary: dict, min_gain_pp: float) -> dict:
   ci = summary.get("heldout_gain_ci95")
   # Of the solved held-out episodes, the share that needed a retry (train/behaviour.py).
   retry = summary.get("heldout_solved_with_retry_change") or {}
-  return {"retry_share sft": retry.get("before"), "retry_share final": retry.get("after"),
-          "retry_share_change_ci95": retry.get("ci95"),"seed": seed, "sft": sft, "final": final, "gain_pp": gain,
+  return {"seed": seed, "sft": sft, "final": final, "gain_pp": gain,
+          "retry_share sft": retry.get("before"), "retry_share final": retry.get("after"),
+          "retry_share_change_ci95": retry.get("ci95"),
           "ci95_pp": None if ci is None else f"[{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]",
           "episodes": summary.get("heldout_episodes"),
           "rl_wall_s": summary.get("rl_wall_seconds"),
