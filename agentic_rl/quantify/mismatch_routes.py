@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 import ml_collections
 
+from agentic_rl.model.families import layout
 from agentic_rl.train import config as train_config_lib
 
 # The model fields a route may change from the checkpoint's layout (a fingerprint change
@@ -66,14 +67,8 @@ def _route_b(config):
 def _set(make, **fields) -> Callable:
   """`make` with dotted fields set, e.g. _set(_route_a, **{"model.cache_dtype": "bf16"});
   a field the config lacks is an error (train/config.apply_overrides)."""
-  nested: dict = {}
-  for dotted, value in fields.items():
-    *sections, leaf = dotted.split(".")
-    node = nested
-    for s in sections:
-      node = node.setdefault(s, {})
-    node[leaf] = value
-  overrides = ml_collections.ConfigDict(nested)
+  overrides = ml_collections.ConfigDict(
+      layout.nest({dotted.replace(".", "/"): v for dotted, v in fields.items()}))
 
   def build(config):
     return train_config_lib.apply_overrides(make(config), overrides)
