@@ -368,6 +368,15 @@ class Model:
       return params["embed"]["embedding"]
     return params["unembed"]["kernel"].T
 
+  def readout(self, params, h_xd: jax.Array) -> jax.Array:
+    """float32 logits [..., V] of final-normed hidden states (`forward(..., hidden=True)`),
+    computed as `forward`'s read-out: in the model's dtype, accumulated in fp32. A caller
+    that needs a few positions' logits reads out only those."""
+    dtype = jnp.dtype(self.spec.dtype)
+    return jnp.einsum("...d,vd->...v", h_xd.astype(dtype),
+                      self.readout_weights(params).astype(dtype),
+                      preferred_element_type=jnp.float32)
+
   def init_cache(self, batch_size: int, max_len: int | None = None) -> dict:
     return cache_lib.init_cache(self.spec, batch_size, max_len)
 

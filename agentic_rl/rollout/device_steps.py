@@ -1,6 +1,6 @@
 """The engine's device functions: prefill, decode and fork, all over one jitted `model.forward`.
 
-There is no second inference implementation. `forward_and_sample` is
+There is no second inference implementation. `forward_and_draw` is
 `model.forward` on a chunk of positions per row (cache donated) followed by
 one draw after each row's last valid position:
 
@@ -12,11 +12,12 @@ one draw after each row's last valid position:
               feeds one last token, a flush), and the loop ends when every row
               has stopped or after N steps: the host sees the tokens, log-probs,
               masks and replay of every step at once, not one round trip each;
-  * prefill = gather the P rows being prefilled, forward_and_sample a chunk
-              of C positions each (-1 padding at the end of short rows),
+  * prefill = one jitted call (cache donated): gather the P rows being
+              prefilled, cut to the attend length, forward_and_draw a chunk
+              of C positions each (-1 padding at the end of short rows), and
               scatter them back; the cost is that of P rows, whatever the
-              cache size, and one compiled forward serves both the slot
-              cache and the prompt store;
+              cache size. The read-out runs only at each row's last valid
+              position, the one that draws;
   * fork    = copy a prompt-store row into a slot row and draw the slot's
               first token from the prompt's last logits.
 
@@ -59,7 +60,7 @@ from agentic_rl.rollout import sampling
 
 @dataclasses.dataclass(frozen=True)
 class StepOutput:
-  """What one forward_and_sample call returns."""
+  """What one forward_and_draw call returns."""
   sampled: sampling.Sampled  # One draw per row (after the row's last valid position).
   replay: Any  # model.forward's routing/blocks for the call's input positions.
   last_logits_bv: jax.Array  # float32 [B, V] logits at each row's last valid position.
@@ -123,12 +124,10 @@ class DeviceSteps:
     self.chunks = tuple(sorted({chunks} if isinstance(chunks, int) else set(chunks)))
     self.mesh = mesh
     self.trace_counts: collections.Counter[str] = collections.Counter()
-    self.forward_and_sample = self._on_mesh(jax.jit(self._forward_and_sample,
-                                                    donate_argnums=(1,)))
+    self.prefill_rows = self._on_mesh(jax.jit(self._prefill_rows, donate_argnums=(1,),
+                                              static_argnames=("attend",)))
     self.decode_loop = self._on_mesh(jax.jit(self._decode_loop, donate_argnums=(1,),
                                              static_argnames=("attend",)))
-    self.gather_rows = self._on_mesh(jax.jit(self._gather_rows, static_argnames=("attend",)))
-    self.scatter_rows = self._on_mesh(jax.jit(self._scatter_rows, donate_argnums=(0,)))
     self.fork = self._on_mesh(jax.jit(self._fork, donate_argnums=(0,)))
     self.reset_rows = self._on_mesh(jax.jit(self._reset_rows, donate_argnums=(0,)))
 
@@ -227,10 +226,8 @@ class DeviceSteps:
         for chunk in self.chunks:
           tokens_pc = np.zeros((p, chunk), np.int32)
           positions_pc = np.full((p, chunk), -1, np.int32)
-          sub = self.gather_rows(cache, rows_p, attend=attend)
-          sub, _ = self.forward_and_sample(params, sub, tokens_pc, positions_pc, seeds_p,
-                                           forced_p)
-          cache = self.scatter_rows(cache, rows_p, sub)
+          cache, _ = self.prefill_rows(params, cache, rows_p, tokens_pc, positions_pc, seeds_p,
+                                       forced_p, attend=attend)
       if decode_steps:
         cache, _ = self.decode_loop(
             params, cache, np.zeros(rows, np.int32), np.full(rows, -1, np.int32),
@@ -251,9 +248,8 @@ class DeviceSteps:
     attend = None
     if lengths_p is not None:
       attend = self.attend_length(cache, int(np.max(lengths_p, initial=0)) + tokens_pc.shape[1])
-    sub = self.gather_rows(cache, rows_p, attend=attend)
-    sub, out = self.forward_and_sample(params, sub, tokens_pc, positions_pc, seeds_p, forced_p)
-    return self.scatter_rows(cache, rows_p, sub), out
+    return self.prefill_rows(params, cache, rows_p, tokens_pc, positions_pc, seeds_p, forced_p,
+                             attend=attend)
 
   def check_inputs(self, cache, tokens_bt, positions_bt, forced_b, lengths_b=None) -> None:
     """Raises ValueError on a bad id, forced id or position in host (numpy) inputs."""
@@ -289,18 +285,29 @@ class DeviceSteps:
     keys_b = sampling.trajectory_keys(seed[None], position[None] + 1)
     return cache, sampling.sample(logits_v[None], keys_b, self.sampling_params, forced[None])
 
-  def _forward_and_sample(self, params, cache, tokens_bt, positions_bt, seeds_b, forced_b):
-    self.trace_counts["forward_and_sample"] += 1
-    return self._forward_and_draw(params, cache, tokens_bt, positions_bt, seeds_b, forced_b)
+  def _prefill_rows(self, params, cache, rows_p, tokens_pc, positions_pc, seeds_p, forced_p,
+                    attend=None):
+    """Rows `rows_p` of the cache, their full buffers cut to `attend` positions (None: all),
+    take one chunk each; the cache comes back with them written in."""
+    self.trace_counts["prefill_rows"] += 1
+    full = cache
+    if attend is not None:
+      cache = cache_lib.head(cache, attend)
+    sub = self._keep_sharded(cache_lib.gather_sequences(cache, rows_p))
+    sub, out = self._forward_and_draw(params, sub, tokens_pc, positions_pc, seeds_p, forced_p)
+    return self._keep_sharded(cache_lib.scatter_sequences(full, rows_p, sub)), out
 
   def _forward_and_draw(self, params, cache, tokens_bt, positions_bt, seeds_b, forced_b,
                         kv_len=None):
     """The forward on a chunk per row, then one draw after each row's last valid position:
     the body of prefill and of every decode step."""
-    logits_btv, cache, aux = self.model.forward(params, tokens_bt, positions_bt, cache,
-                                                kv_len=kv_len)
+    h_btd, cache, aux = self.model.forward(params, tokens_bt, positions_bt, cache,
+                                           kv_len=kv_len, hidden=True)
     last_b = jnp.maximum(jnp.sum(positions_bt >= 0, axis=1) - 1, 0)
-    last_logits_bv = jnp.take_along_axis(logits_btv, last_b[:, None, None], axis=1)[:, 0]
+    # Only the drawing position needs logits: the read-out is ~1/3 of a small model's
+    # per-token FLOPs, and a prefill chunk has C positions per row.
+    last_h_bd = jnp.take_along_axis(h_btd, last_b[:, None, None], axis=1)[:, 0]
+    last_logits_bv = self.model.readout(params, last_h_bd)
     last_pos_b = jnp.take_along_axis(positions_bt, last_b[:, None], axis=1)[:, 0]
     keys_b = sampling.trajectory_keys(seeds_b, last_pos_b + 1)
     sampled = sampling.sample(last_logits_bv, keys_b, self.sampling_params, forced_b)
@@ -348,18 +355,6 @@ class DeviceSteps:
         for layer in replay)
     return cache, DecodeOutput(sampled.tokens_b, sampled.logp_b, sampled.mask_bw, replay,
                                drawn_b, steps, overflow)
-
-  def _gather_rows(self, cache, rows, attend=None):
-    """Rows `rows` of the cache, their full buffers cut to `attend` positions (None: all)."""
-    self.trace_counts["gather_rows"] += 1
-    if attend is not None:
-      cache = cache_lib.head(cache, attend)
-    return self._keep_sharded(cache_lib.gather_sequences(cache, rows))
-
-  def _scatter_rows(self, cache, rows, sub):
-    """Writes rows `sub` (as `_gather_rows` cut them) back into rows `rows`."""
-    self.trace_counts["scatter_rows"] += 1
-    return self._keep_sharded(cache_lib.scatter_sequences(cache, rows, sub))
 
   def _reset_rows(self, cache, reset_b):
     self.trace_counts["reset_rows"] += 1

@@ -177,7 +177,9 @@ class RolloutEngine(TrajectoryTurns):
         self._account(t0, busy, "fork_s")
         did_work = self._prefill_once()
         did_work |= self._decode_once()
+        t0, busy = time.perf_counter(), self._busy_slots()
         self._update_peak_kv()
+        self._account(t0, busy, "host_s")
         finished, self._finished = self._finished, []
         self.stats.trajectories += len(finished)
         self.stats.wall_s += time.perf_counter() - start

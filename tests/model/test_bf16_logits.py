@@ -88,3 +88,22 @@ def test_bf16_sampler_and_learner_log_probs_agree():
 
   diff = np.abs(token_logp(sampler) - token_logp(learner))
   assert diff.max() < 0.03 and diff.mean() < 0.002, (diff.max(), diff.mean())
+
+
+@pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_readout_of_the_hidden_forward_is_the_forward_s_logits(tie, dtype):
+  """The engine reads out only the drawing positions (`Model.readout` of a hidden=True
+  forward): bit-for-bit the logits the full forward gives there, NaN where it gives NaN."""
+  spec = make_spec("SGF", 3, num_dense_layers=1, dtype=dtype, tie_embeddings=tie)
+  model = Model(spec)
+  params = draw_params(model, seed=8)
+  toks = tokens()
+  pos = np.broadcast_to(np.arange(T, dtype=np.int32), (2, T)).copy()
+  pos[1, -1] = spec.max_seq_len  # Out of range: NaN logits, and NaN hidden state.
+  logits_btv, _, _ = jax.jit(model.forward)(params, toks, pos)
+  h_btd, _, _ = jax.jit(functools.partial(model.forward, hidden=True))(params, toks, pos)
+  got = jax.jit(model.readout)(params, h_btd[:, -3:])
+  assert got.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(logits_btv[:, -3:]))
+  assert np.isnan(np.asarray(got[1, -1])).all() and np.isfinite(np.asarray(got[0])).all()
