@@ -4,7 +4,9 @@ allows it, starts without and says so in its own missing_guarantees."""
 
 import os
 import shutil
+import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -13,7 +15,7 @@ from agentic_rl.envs.sandbox import IsolationUnavailable, Sandbox
 from agentic_rl.envs.swe_env import SweEnv
 from agentic_rl.envs.swe_tasks import generate_task
 from agentic_rl.envs.tool_call import format_tool_call as F
-from tests.envs.conftest import env_config
+from tests.envs.conftest import env_config, live_pids_of_uid, skip_unless_required
 
 TASK = generate_task(3, "medium")
 NO_CGROUP = "no memory cgroup"
@@ -84,3 +86,31 @@ def test_a_sandbox_claims_the_cgroup_it_has(isolation):
   with Sandbox(env_config(isolation, sandbox__memory_cgroup="off")) as sb:
     assert sb._cgroup is None
     assert any(m.startswith(NO_CGROUP) for m in sb.missing_guarantees)
+
+
+def test_kill_all_ends_the_uid_s_processes_without_forking_the_host(isolation, monkeypatch):
+  """kill_all drops to the sandbox uid in setpriv: Popen(user=/group=) would make CPython
+  fork() the host (copying a trainer's page tables) where a plain spawn uses vfork."""
+  with Sandbox(env_config(isolation)) as sb:
+    if sb.uid is None:
+      skip_unless_required("no uid drop here (not root): kill_all has nothing to do")
+    setpriv = shutil.which("setpriv")
+    sleeper = subprocess.Popen([setpriv, f"--reuid={sb.uid}", f"--regid={sb.uid}",
+                                "--clear-groups", "--", "sleep", "30"])
+    for _ in range(500):  # Until setpriv has dropped to the uid.
+      if sleeper.pid in live_pids_of_uid(sb.uid):
+        break
+      time.sleep(0.01)
+    assert sleeper.pid in live_pids_of_uid(sb.uid)
+    spawned = []
+    real_run = subprocess.run
+
+    def spy(*args, **kwargs):
+      spawned.append(kwargs)
+      return real_run(*args, **kwargs)
+    monkeypatch.setattr(subprocess, "run", spy)
+    sb.kill_all()
+    assert sleeper.wait(timeout=5) == -9
+    assert spawned and not any({"user", "group", "extra_groups", "preexec_fn"} & set(k)
+                               for k in spawned)
+    assert not live_pids_of_uid(sb.uid)
