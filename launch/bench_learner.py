@@ -4,11 +4,14 @@ CPU's own fp32 matmul peak.
     python -m launch.bench_learner --config configs/quickstart.py --json
     python -m launch.bench_learner --config.model.d_model=512 --batch 16 --seq_len 512 --json
 
-The batch: --batch sequences of --seq_len tokens (random ids), the second half of each
-generated (loss mask 1), groups of config.rollout.group_size with mixed rewards, replay
+The batch: --batch sequences of --seq_len padded tokens (random ids), each row's length drawn
+uniformly from [--min_len, --seq_len] (default: every row full), the second half of each
+row generated (loss mask 1), groups of config.rollout.group_size with mixed rewards, replay
 recorded by a forward of the same params (as the sampler records it), and a packed sampling
 mask of all-zero rows (the learner replays it when config.rollout truncates). The
-step is config.rl's: PPO epochs of minibatch updates, micro-batches, AdamW.
+step is config.rl's: PPO epochs of minibatch updates, micro-batches, AdamW, each minibatch
+cut to the learner length (config.train.learner_lengths at --seq_len) its rows need, as
+the RL phase runs it. "tokens" counts real tokens; "padded_tokens" what the updates ran.
 
 FLOPs are XLA's cost analysis of one compiled update times the updates per step, plus the
 scoring forward when the step has one (analysed the same way). The peak is the best of
@@ -16,7 +19,8 @@ several jitted fp32 [N, N] x [N, N] matmuls timed here and now. peak_bytes is XL
 analysis of one update (arguments + outputs + temporaries, less donated aliases).
 
 Prints {"tokens_per_s", "flops_per_s", "matmul_peak_flops_per_s", "fraction_of_peak",
-"peak_bytes", "seconds", "compile_seconds", "tokens", "updates", "params"}.
+"peak_bytes", "seconds", "compile_seconds", "tokens", "padded_tokens", "updates",
+"params"}.
 """
 
 from __future__ import annotations
@@ -39,11 +43,16 @@ from agentic_rl.rl import config as rl_config
 from agentic_rl.rl import learner
 from agentic_rl.rl import train_step as train_step_lib
 from agentic_rl.rollout import config as rollout_config
+from agentic_rl.train import learner_lengths
 from launch import config_flag
 
 _CONFIG = config_flag.define_config("configs/quickstart.py", "Config file.")
 _BATCH = flags.DEFINE_integer("batch", 32, "Sequences per RL step.")
-_SEQ = flags.DEFINE_integer("seq_len", 512, "Tokens per sequence.")
+_SEQ = flags.DEFINE_integer("seq_len", 512, "Padded tokens per sequence.")
+_MIN_LEN = flags.DEFINE_integer("min_len", 0, "Shortest row (0: every row --seq_len).")
+_CUT = flags.DEFINE_bool("cut_minibatches", True,
+                         "Cut each minibatch to the learner length its rows need (the RL "
+                         "phase's step); false runs every update at --seq_len.")
 _STEPS = flags.DEFINE_integer("steps", 3, "Timed steps (the median is reported).")
 _MATMUL = flags.DEFINE_integer("matmul_size", 2048, "N of the peak-measuring matmul.")
 _JSON = flags.DEFINE_bool("json", False, "Print only the JSON report.")
@@ -63,12 +72,18 @@ def matmul_peak(n: int, repeats: int = 5) -> float:
   return 2 * n ** 3 / best
 
 
-def synthetic_batch(model, params, spec, rspec, batch: int, length: int) -> Batch:
+def synthetic_batch(model, params, spec, rspec, batch: int, length: int,
+                    min_len: int = 0) -> Batch:
   rng = np.random.default_rng(0)
+  lengths_b = (np.full(batch, length) if min_len <= 0
+               else rng.integers(min(min_len, length), length + 1, batch))
   tokens = rng.integers(1, model.spec.vocab_size, (batch, length)).astype(np.int32)
-  positions = np.broadcast_to(np.arange(length, dtype=np.int32), (batch, length)).copy()
-  loss_mask = np.zeros((batch, length), np.float32)
-  loss_mask[:, length // 2:] = 1.0
+  arange_t = np.arange(length, dtype=np.int32)
+  real_bt = arange_t[None, :] < lengths_b[:, None]
+  tokens = np.where(real_bt, tokens, 0)
+  positions = np.where(real_bt, arange_t[None, :], -1).astype(np.int32)
+  loss_mask = (real_bt & (arange_t[None, :] >= lengths_b[:, None] // 2)).astype(np.float32)
+  loss_mask[:, 0] = 0.0
   group = max(rspec.group_size, 1)
   rewards = (rng.random(batch) < 0.5).astype(np.float32)
   _, _, aux = jax.jit(model.forward)(params, tokens, positions)
@@ -96,9 +111,12 @@ def main(argv):
   ref = params if spec.loss.kl_coef > 0 else None
   state = train_step_lib.init_train_state(model, params, spec, ref_params=ref)
   params = jax.tree.map(lambda x: x.copy(), params)  # The timed steps spend their own.
-  batch = synthetic_batch(model, params, spec, rspec, _BATCH.value, _SEQ.value)
+  batch = synthetic_batch(model, params, spec, rspec, _BATCH.value, _SEQ.value,
+                          _MIN_LEN.value)
+  lengths = (learner_lengths.learner_lengths(config.train.learner_lengths, _SEQ.value)
+             if _CUT.value else ())
   # Donated, as the run's step is: each timed step spends the state the last one made.
-  step = train_step_lib.make_train_step(model, spec, donate=True)
+  step = train_step_lib.make_train_step(model, spec, donate=True, lengths=lengths)
   states = [train_step_lib.init_train_state(model, params, spec, ref_params=ref)]
 
   def timed():
@@ -106,31 +124,47 @@ def main(argv):
     new_state, metrics = step(states[-1], batch)
     jax.block_until_ready((new_state, metrics))
     states.append(new_state)
+    padded.append(float(metrics.get("learner/minibatch_length", batch.length)))
     return time.perf_counter() - t0
 
-  compile_seconds = timed()
+  padded = []
+  t0 = time.perf_counter()
+  step.precompile(states[-1], batch)
+  compile_seconds = time.perf_counter() - t0 + timed()
   seconds = statistics.median(timed() for _ in range(_STEPS.value))
 
-  # One update's compiled cost (the minibatch rows the step feeds it), times the updates.
-  rows = _BATCH.value // spec.minibatches
-  sub = jax.tree.map(lambda x: x[:rows], batch)
+  # Each update's compiled cost, on its minibatch at the length the step cut it to, summed
+  # over a step and averaged over the timed steps (each shuffles its rows anew).
+  row_lengths = np.asarray(np.sum(np.asarray(batch.positions_bt) >= 0, axis=1))
   update = train_step_lib.make_update(model, spec, donate=True)
-  compiled = update.lower(state, sub, None).compile()
-  flops = float(compiled.cost_analysis()["flops"]) * spec.updates_per_step
-  memory = compiled.memory_analysis()
-  peak_bytes = int(memory.argument_size_in_bytes + memory.output_size_in_bytes
-                   + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+  u = spec.updates_per_step
+  flops, peak_bytes, compiled_at = 0.0, 0, {}
+  for k in range(1, _STEPS.value + 1):
+    plan = (train_step_lib.minibatch_rows(spec, _BATCH.value, k * u) if u > 1
+            else [np.arange(_BATCH.value)])  # One update: the batch whole, never cut.
+    for rows in plan:
+      length = (train_step_lib.minibatch_length(row_lengths[rows], lengths, batch.length)
+                if u > 1 else batch.length)
+      if length not in compiled_at:
+        sub = jax.tree.map(lambda x: x[:len(rows)], batch).truncated(length)
+        compiled_at[length] = update.lower(state, sub, None).compile()
+      flops += float(compiled_at[length].cost_analysis()["flops"]) / _STEPS.value
+  for compiled in compiled_at.values():
+    memory = compiled.memory_analysis()
+    peak_bytes = max(peak_bytes, int(memory.argument_size_in_bytes + memory.output_size_in_bytes
+                                     + memory.temp_size_in_bytes - memory.alias_size_in_bytes))
   if spec.updates_per_step > 1:  # The scoring forward (old policy, KL reference).
     score = jax.jit(lambda p, r, b: learner.with_old_policy(model, p, b, spec, r))
     flops += float(score.lower(state.params, state.ref_params, batch).compile()
                    .cost_analysis()["flops"])
   peak = matmul_peak(_MATMUL.value)
-  tokens = _BATCH.value * _SEQ.value
+  tokens = int(np.sum(np.asarray(batch.positions_bt) >= 0))
   report = {
       "tokens_per_s": tokens / seconds, "flops_per_s": flops / seconds,
       "matmul_peak_flops_per_s": peak, "fraction_of_peak": flops / seconds / peak,
       "peak_bytes": peak_bytes, "seconds": seconds, "compile_seconds": compile_seconds,
-      "tokens": tokens, "updates": spec.updates_per_step, "flops_per_step": flops,
+      "tokens": tokens, "padded_tokens": _BATCH.value * statistics.mean(padded[1:]),
+      "updates": spec.updates_per_step, "flops_per_step": flops,
       "params": int(sum(np.prod(x.shape) for x in jax.tree.leaves(params))),
       "backend": jax.default_backend(),
   }

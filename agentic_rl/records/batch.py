@@ -77,6 +77,26 @@ class Batch:
   def length(self) -> int:
     return self.tokens_bt.shape[1]
 
+  def truncated(self, length: int) -> Batch:
+    """The first `length` token positions of every row: each per-token field cut on its
+    token axis (replay 'blocks' [B, K, T, J] on axis 2, the rest on axis 1). Only for rows
+    that end by `length`: their later positions are padding, which the learner ignores."""
+    if not 0 < length <= self.length:
+      raise ValueError(f"Batch.truncated({length}): expected a length in [1, {self.length}].")
+    if length == self.length:
+      return self
+    cut = lambda x, axis=1: None if x is None else jax.lax.slice_in_dim(x, 0, length, axis=axis)
+    replay = None if self.replay is None else tuple(
+        {name: cut(x, 2 if name == "blocks" else 1) for name, x in layer.items()}
+        for layer in self.replay)
+    return self.replace(
+        tokens_bt=cut(self.tokens_bt), positions_bt=cut(self.positions_bt),
+        loss_mask_bt=cut(self.loss_mask_bt), sampler_logp_bt=cut(self.sampler_logp_bt),
+        turn_index_bt=cut(self.turn_index_bt), process_reward_bt=cut(self.process_reward_bt),
+        replay=replay, sampling_mask_btw=cut(self.sampling_mask_btw),
+        old_logp_bt=cut(self.old_logp_bt), old_values_bt=cut(self.old_values_bt),
+        ref_logp_bt=cut(self.ref_logp_bt))
+
 
 def make_batch(tokens_bt, positions_bt, loss_mask_bt, sampler_logp_bt, rewards_b, group_id_b,
                *, turn_index_bt=None, process_reward_bt=None, temperature=1.0, replay=None,

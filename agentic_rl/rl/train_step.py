@@ -292,51 +292,102 @@ def _mean_metrics(per_update: list[dict]) -> dict:
   return out
 
 
-def make_train_step(model, spec: RLSpec, *, donate: bool = False):
-  """`train_step(state, batch) -> (state, metrics)` for `model` under `spec` (module doc).
-  With `donate` the state passed in is spent: its buffers become the new state's."""
+def minibatch_rows(spec: RLSpec, batch_size: int, step: int) -> list[np.ndarray]:
+  """The rows of each update of a step, in order: per epoch a shuffle of the batch split
+  into spec.minibatches. Seeded by the update count, so a resumed run shuffles the same."""
+  rng = np.random.default_rng([17, step])
+  plan = []
+  for _ in range(spec.ppo_epochs):
+    order = rng.permutation(batch_size) if spec.minibatches > 1 else np.arange(batch_size)
+    plan.extend(np.split(order, spec.minibatches))
+  return plan
+
+
+def minibatch_length(row_lengths: np.ndarray, lengths: tuple[int, ...],
+                     batch_length: int) -> int:
+  """The length a minibatch is cut to: the smallest of `lengths` that holds its longest
+  row, at most the batch's own length (() keeps the batch's length)."""
+  longest = int(np.max(row_lengths))
+  if longest > batch_length:
+    raise ValueError(f"a row of {longest} tokens is longer than its batch ({batch_length}).")
+  fits = [n for n in lengths if longest <= n < batch_length]
+  return min(fits) if fits else batch_length
+
+
+def row_lengths_of(batch: Batch) -> np.ndarray:
+  """Each row's tokens (positions >= 0), read on the host: one process's batches only
+  (a batch spread over processes passes its gathered lengths to the step instead)."""
+  if not batch.positions_bt.is_fully_addressable:
+    raise ValueError("train_step needs row_lengths for a batch spread over processes: pass "
+                     "every process's trajectory lengths, gathered in process order.")
+  return np.asarray(jax.device_get(jnp.sum(batch.positions_bt >= 0, axis=1)))
+
+
+def make_train_step(model, spec: RLSpec, *, donate: bool = False,
+                    lengths: tuple[int, ...] = ()):
+  """`train_step(state, batch, row_lengths=None) -> (state, metrics)` for `model` under
+  `spec` (module doc). With `donate` the state passed in is spent: its buffers become the
+  new state's. `lengths` (train/learner_lengths.py): each minibatch update runs on its rows
+  cut to the smallest of them that holds its longest row, so a minibatch of short rows
+  pays for its own length, not the batch's; () keeps the batch's length. `row_lengths`:
+  each row's token count, read from the batch when None (one process only)."""
   if spec.updates_per_step == 1:
     update = make_update(model, spec, donate=donate)
-    one_update = lambda state, batch: update(state, batch, None)
+    one_update = lambda state, batch, row_lengths=None: update(state, batch, None)
     one_update.precompile = lambda state, batch: update.precompile(state, batch, None)
     return one_update
   update = _update_fn(model, spec)
+  lengths = tuple(sorted(set(lengths)))
 
   micro = spec.optim.num_micro_batches
   scores_old_policy = learner.needs_old_policy_forward(spec)
   score_fn = PrecompilingJit(lambda params, ref_params, batch: learner.with_old_policy(
       model, params, batch, spec, ref_params))
   advantages_fn = PrecompilingJit(lambda batch: _step_advantages(spec, batch))
-  update_rows = jit_donating_state(lambda state, batch, adv_bt, rows: update(
-      state, _take_rows(batch, rows), _take_rows(adv_bt, rows)), donate=donate)
+  update_minibatch = jit_donating_state(update, donate=donate)
+  takes = {}  # minibatch length -> its rows of the batch, cut to that length
+
+  def take(length: int):
+    if length not in takes:
+      takes[length] = PrecompilingJit(lambda batch, adv_bt, rows: (
+          _take_rows(batch, rows).truncated(length), _take_rows(adv_bt, rows)[:, :length]))
+    return takes[length]
 
   def precompile(state: TrainState, batch: Batch) -> None:
-    """Compiles every program a step on a batch shaped like `batch` runs; nothing trains.
-    The (cheap) old-policy scoring runs, to give the update its inputs."""
+    """Compiles every program a step on a batch shaped like `batch` runs, at every
+    minibatch length it can cut to; nothing trains. The (cheap) old-policy scoring runs,
+    to give the update its inputs."""
     score_fn.precompile(state.params, state.ref_params, batch)
     scored = score_fn(state.params, state.ref_params, batch)
     advantages_fn.precompile(scored)
     adv_bt = advantages_fn(scored)
     rows = jnp.zeros((batch.batch_size // spec.minibatches,), jnp.int32)
-    update_rows.precompile(state, scored, adv_bt, rows)
+    for length in {n for n in lengths if n < batch.length} | {batch.length}:
+      take(length).precompile(scored, adv_bt, rows)
+      update_minibatch.precompile(state, *take(length)(scored, adv_bt, rows))
 
-  def train_step(state: TrainState, batch: Batch):
+  def train_step(state: TrainState, batch: Batch, row_lengths=None):
     b, mb = batch.batch_size, spec.minibatches
     if b % mb or (b // mb) % micro:
       raise ValueError(f"batch size {b} does not split into config.rl.minibatches={mb} "
                        f"minibatches of a multiple of config.rl.optim.num_micro_batches="
                        f"{micro} rows.")
     learner.check_replay_available(batch, spec, model.spec)
+    if lengths:
+      row_lengths = row_lengths_of(batch) if row_lengths is None else np.asarray(row_lengths)
+      if row_lengths.shape != (b,):
+        raise ValueError(f"row_lengths has shape {row_lengths.shape}, expected ({b},): one "
+                         "length per row of the batch.")
     scored = score_fn(state.params, state.ref_params, batch)
     adv_bt = advantages_fn(scored)
-    # Row order per epoch from the update count: a resumed run shuffles the same way.
-    rng = np.random.default_rng([17, int(jax.device_get(state.step))])
-    per_update = []
-    for _ in range(spec.ppo_epochs):
-      order = rng.permutation(b) if mb > 1 else np.arange(b)
-      for rows in np.split(order, mb):
-        state, metrics = update_rows(state, scored, adv_bt, jnp.asarray(rows, jnp.int32))
-        per_update.append(metrics)
+    per_update, padded = [], []
+    for rows in minibatch_rows(spec, b, int(jax.device_get(state.step))):
+      length = (minibatch_length(row_lengths[rows], lengths, batch.length) if lengths
+                else batch.length)
+      minibatch = take(length)(scored, adv_bt, jnp.asarray(rows, jnp.int32))
+      state, metrics = update_minibatch(state, *minibatch)
+      per_update.append(metrics)
+      padded.append(length)
     clip_frac = lambda updates: jnp.mean(jnp.stack([m["clip_frac"] for m in updates]))
     metrics = _mean_metrics(per_update)
     if not scores_old_policy:
@@ -350,6 +401,7 @@ def make_train_step(model, spec: RLSpec, *, donate: bool = False):
     metrics["clip_frac_first_epoch"] = clip_frac(per_update[:mb])
     metrics["clip_frac_last_epoch"] = clip_frac(per_update[-mb:])
     metrics["updates"] = jnp.float32(len(per_update))
+    metrics["learner/minibatch_length"] = jnp.float32(np.mean(padded))
     return state, metrics
 
   train_step.precompile = precompile

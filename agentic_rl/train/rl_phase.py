@@ -144,10 +144,12 @@ def _rl_step(ctx: RunContext, sampler, state, run: RunState, num_steps: int
   t1 = time.time()
   # Every process pads to one length: the smallest learner length that holds the longest
   # trajectory (each compiled before the RL clock; far less padding than max_len).
-  longest = int(ctx.gather(np.asarray([max(t.length for t in trajs)], np.int64)).max())
-  local_batch = to_batch(trajs, length=learner_lengths.bucket(longest, ctx.learner_lengths))
+  # Each minibatch then runs cut to the learner length its own longest row needs.
+  row_lengths = ctx.gather(np.asarray([t.length for t in trajs], np.int64))
+  local_batch = to_batch(trajs, length=learner_lengths.bucket(int(row_lengths.max()),
+                                                              ctx.learner_lengths))
   with ctx.learning():
-    state, metrics = route.train_step(state, ctx.place_rows(local_batch))
+    state, metrics = route.train_step(state, ctx.place_rows(local_batch), row_lengths)
   # Pinned to the rules' shardings (a no-op where the step kept them).
   state = ctx.state_io.place(state)
   metrics = jax.device_get(metrics)

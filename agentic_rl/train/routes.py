@@ -20,6 +20,7 @@ from agentic_rl.rl import train_step as train_step_lib
 from agentic_rl.rollout import config as rollout_config_lib
 from agentic_rl.rollout import engine as engine_lib
 from agentic_rl.train import config as train_config_lib
+from agentic_rl.train import learner_lengths
 
 
 @dataclasses.dataclass
@@ -157,7 +158,11 @@ class Routes:
     eval_engine = engine_lib.RolloutEngine(model, None, eval_spec, self.tokenizer,
                                            self.env_factory, mesh=self.sampler_mesh)
     return Route(name, config, model, rl_spec, rollout_spec, eval_spec,
-                 train_step_lib.make_train_step(model, rl_spec, donate=True), engine, eval_engine,
+                 train_step_lib.make_train_step(
+                     model, rl_spec, donate=True,
+                     lengths=learner_lengths.learner_lengths(tc.learner_lengths,
+                                                             rollout_spec.max_len)),
+                 engine, eval_engine,
                  self.mesh, self.sampler_mesh)
 
   def close(self):

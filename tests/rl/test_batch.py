@@ -63,3 +63,27 @@ def test_drawn_token_outside_its_sampling_mask_is_rejected():
   keep[0, 3, 0] = True  # token [0, 3] is 3, not 0
   with pytest.raises(ValueError, match="inside its own sampling mask"):
     batch_lib.check_batch(_good(sampling_mask_btw=sm.pack_mask(jnp.asarray(keep))), SPEC)
+
+
+def test_truncated_cuts_every_per_token_field_on_its_token_axis():
+  rng = np.random.default_rng(0)
+  blocks = rng.integers(-1, 3, (B, SPEC.num_kv_heads, T, SPEC.num_selected_blocks))
+  batch = _good(replay=({"experts": np.zeros((B, T, SPEC.moe.num_experts_per_token)),
+                         "blocks": blocks},),
+                old_logp_bt=rng.normal(size=(B, T)), ref_logp_bt=rng.normal(size=(B, T)),
+                old_values_bt=rng.normal(size=(B, T)))
+  cut = batch.truncated(4)
+  assert cut.length == 4 and cut.batch_size == B
+  for name in ("tokens_bt", "positions_bt", "loss_mask_bt", "sampler_logp_bt",
+               "turn_index_bt", "process_reward_bt", "old_logp_bt", "old_values_bt",
+               "ref_logp_bt"):
+    np.testing.assert_array_equal(getattr(cut, name), np.asarray(getattr(batch, name))[:, :4])
+  np.testing.assert_array_equal(cut.sampling_mask_btw, batch.sampling_mask_btw[:, :4])
+  np.testing.assert_array_equal(cut.replay[0]["experts"], batch.replay[0]["experts"][:, :4])
+  np.testing.assert_array_equal(cut.replay[0]["blocks"], blocks[:, :, :4])
+  for name in ("rewards_b", "group_id_b", "temperature_b"):
+    np.testing.assert_array_equal(getattr(cut, name), getattr(batch, name))
+  assert batch.truncated(T) is batch
+  for bad in (0, T + 1):
+    with pytest.raises(ValueError, match=rf"truncated\({bad}\)"):
+      batch.truncated(bad)

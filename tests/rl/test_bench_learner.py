@@ -15,6 +15,7 @@ def test_the_report_is_consistent():
   assert out.returncode == 0, out.stderr[-3000:]
   r = json.loads(out.stdout.strip().splitlines()[-1])
   assert r["tokens"] == 4 * 64 and r["tokens_per_s"] == r["tokens"] / r["seconds"]
+  assert r["padded_tokens"] == 4 * 64  # Every row full: no minibatch is cut.
   assert r["flops_per_step"] > 0 and r["flops_per_s"] == r["flops_per_step"] / r["seconds"]
   assert r["fraction_of_peak"] == r["flops_per_s"] / r["matmul_peak_flops_per_s"]
   assert 0 < r["fraction_of_peak"] < 1.5  # A step cannot beat a plain matmul by much.
