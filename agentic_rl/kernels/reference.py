@@ -113,19 +113,21 @@ def sliding_window_attention(q_btnh, k_bskh, v_bskh, q_pos_bt, k_pos_bs, *, wind
                           visibility_mask(q_pos_bt, k_pos_bs, window=window))
 
 
-def local_window_attention(q_btnh, k_btkh, v_btkh, pos_bt, *, window):
+def local_window_attention(q_btnh, k_btkh, v_btkh, pos_bt, *, window, chunks_per_window=4):
   """Uncached sliding-window self-attention in O(T * W) instead of O(T^2).
 
   Same result as `sliding_window_attention(q, k, v, pos, pos, window=window)`
   when each row's valid positions are distinct (-1 padding), wherever they
   start and whatever their gaps or order. Tokens are laid out in chunks of
-  `window` by their rank among the row's positions: distinct positions less
-  than W apart are less than W ranks apart, so a query's window lies in its
-  own chunk and the one before. Chunks are blocks of `chunk` slots here: c the chunk,
-  l the slot within it.
+  ceil(W / chunks_per_window) slots by their rank among the row's positions:
+  distinct positions less than W apart are less than W ranks apart, so a query's
+  window lies in its own chunk and the chunks_per_window before it. Each query then
+  scores (1 + 1 / chunks_per_window) W keys, not 2 W as with chunks of W. Chunks are
+  blocks of `chunk` slots here: c the chunk, l the slot within it.
   """
   b, t, n, h = q_btnh.shape
-  chunk = max(1, min(window, t))
+  chunk = max(1, min(-(-window // chunks_per_window), t))
+  back = -(-(window - 1) // chunk)  # Earlier chunks a window can reach into.
   num_chunks = -(-t // chunk)
   s = num_chunks * chunk
   rows = jnp.arange(b)[:, None]
@@ -143,17 +145,18 @@ def local_window_attention(q_btnh, k_btkh, v_btkh, pos_bt, *, window):
   q_bsnh, k_bskh, v_bskh = by_position(q_btnh), by_position(k_btkh), by_position(v_btkh)
   pos_bs = jnp.full((b, s), -1, jnp.int32).at[rows, slot_bt].set(pos_bt, mode="drop")
 
-  def with_previous_chunk(x_bs_, fill):
+  def with_earlier_chunks(x_bs_, fill):
     x_bcl_ = x_bs_.reshape((b, num_chunks, chunk) + x_bs_.shape[2:])
-    pad = ((0, 0), (1, 0)) + ((0, 0),) * (x_bcl_.ndim - 2)
-    prev = jnp.pad(x_bcl_, pad, constant_values=fill)[:, :-1]
-    return jnp.concatenate([prev, x_bcl_], axis=2).reshape(
-        (b * num_chunks, 2 * chunk) + x_bs_.shape[2:])
+    pad = ((0, 0), (back, 0)) + ((0, 0),) * (x_bcl_.ndim - 2)
+    padded = jnp.pad(x_bcl_, pad, constant_values=fill)
+    parts = [padded[:, i:i + num_chunks] for i in range(back + 1)]  # Oldest first.
+    return jnp.concatenate(parts, axis=2).reshape(
+        (b * num_chunks, (back + 1) * chunk) + x_bs_.shape[2:])
 
   mask = visibility_mask(pos_bs.reshape(b * num_chunks, chunk),
-                         with_previous_chunk(pos_bs, -1), window=window)
+                         with_earlier_chunks(pos_bs, -1), window=window)
   o_bsnh = masked_attention(q_bsnh.reshape((b * num_chunks, chunk) + q_bsnh.shape[2:]),
-                            with_previous_chunk(k_bskh, 0), with_previous_chunk(v_bskh, 0),
+                            with_earlier_chunks(k_bskh, 0), with_earlier_chunks(v_bskh, 0),
                             mask).reshape(b, s, n, h)
   o_btnh = o_bsnh[rows, jnp.minimum(slot_bt, s - 1)]
   return jnp.where(valid_bt[..., None, None], o_btnh, 0).astype(q_btnh.dtype)

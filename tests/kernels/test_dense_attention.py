@@ -124,13 +124,17 @@ def test_gradients_match_finite_differences(kernel):
   check_grads(fn, (q, k, v), order=1, modes=["rev"], eps=1e-2, atol=5e-3, rtol=5e-3)
 
 
-local = jax.jit(reference.local_window_attention, static_argnames="window")
+local = jax.jit(reference.local_window_attention,
+                static_argnames=("window", "chunks_per_window"))
 
 
-@pytest.mark.parametrize("t,window", [(12, 4), (12, 5), (13, 1), (7, 16), (16, 16), (33, 8)])
-def test_local_window_attention_matches_numpy(t, window):
+@pytest.mark.parametrize("chunks_per_window", [1, 2, 4, 3])
+@pytest.mark.parametrize("t,window", [(12, 4), (12, 5), (13, 1), (7, 16), (16, 16), (33, 8),
+                                      (40, 13)])
+def test_local_window_attention_matches_numpy(t, window, chunks_per_window):
   """The O(T*W) chunked path against the float64 dense loop: ragged padding, T not a
-  multiple of the window, and rows whose positions are a permutation."""
+  multiple of the window, windows the chunks do not divide, and rows whose positions
+  are a permutation."""
   rng = np.random.default_rng(t * 100 + window)
   pos = np.tile(np.arange(t), (3, 1))
   pos[1, t * 2 // 3:] = -1  # Right padding.
@@ -138,7 +142,8 @@ def test_local_window_attention_matches_numpy(t, window):
   pos = jnp.asarray(pos, jnp.int32)
   q, k, v = qkv(t + window, 3, t, t)
   want = npa.attention(q, k, v, npa.visibility(pos, pos, window=window))
-  np.testing.assert_allclose(local(q, k, v, pos, window=window), want, **TOL)
+  np.testing.assert_allclose(
+      local(q, k, v, pos, window=window, chunks_per_window=chunks_per_window), want, **TOL)
 
 
 def test_local_window_attention_gradients_match_the_dense_path():
