@@ -24,14 +24,16 @@ def get_config() -> ml_collections.ConfigDict:
   t = config.train
   t.sft_steps = 0
   t.init_checkpoint = BASE
-  t.groups_per_step = 8
+  # Many small steps: 68 steps of 4 groups learn more than 34 of 8 from the same episodes
+  # and learner tokens (seed 0: +10.7 points against +5.3 to +7.2, issue 30's note).
+  t.groups_per_step = 4
   # Held-out at the start and the end, 512 episodes each (sft_base: 256 tasks x 2): a
-  # halfway score (~50 s) would push RL past its 600 s budget.
-  t.eval_every = 34
+  # halfway score (~25 s) would push RL past its 600 s budget.
+  t.eval_every = 68
   t.checkpoint_every = 17
 
   rl = config.rl
-  rl.num_steps = 34  # ~10 min of RL on 2 CPU cores, evaluations included.
+  rl.num_steps = 68  # ~10 min of RL on 2 CPU cores, evaluations included.
   rl.ppo_epochs = 2
   rl.minibatches = 2
   # Every episode weighs the same: failures run more turns, and a token mean lets their
