@@ -5,8 +5,7 @@ everywhere, so it adds no policy gradient. `DynamicSampler.collect` asks the
 rollout side (a `GroupSource`) for groups of tasks chosen by a `TaskPool`,
 records every outcome with the selector (the dropped groups are informative for
 task selection), keeps the groups with differing rewards and asks again until the
-batch is full or `max_sampling_rounds` have run. Each round asks for the groups still
-missing divided by the running informative rate. If still short, it tops the
+batch is full or `max_sampling_rounds` have run. If still short, it tops the
 batch up with dropped groups so the learner's batch keeps its (jit) shape and
 says how many it used.
 """
@@ -95,10 +94,8 @@ class DynamicSampler:
     while len(kept) < num_groups and rounds < spec.task_selection.max_sampling_rounds:
       rounds += 1
       remaining = num_groups - len(kept)
-      # Every round, the first too, asks for what the estimate says fills the batch: a
-      # first round of only `remaining` would leave about half the batch to a second round,
-      # whose slowest episode the whole step then waits for again.
-      request = math.ceil(remaining / max(self._informative_rate, 0.1))
+      request = remaining if rounds == 1 else math.ceil(
+          remaining / max(self._informative_rate, 0.1))
       tasks = self.selector.sample(request)
       groups = list(self.source.generate(tasks, spec.group_size))
       if len(groups) != len(tasks):
