@@ -13,10 +13,11 @@ step is config.rl's: PPO epochs of minibatch updates, micro-batches, AdamW, each
 cut to the learner length (config.train.learner_lengths at --seq_len) its rows need, as
 the RL phase runs it. "tokens" counts real tokens; "padded_tokens" what the updates ran.
 
-FLOPs are XLA's cost analysis of one compiled update times the updates per step, plus the
-scoring forward when the step has one (analysed the same way). The peak is the best of
-several jitted fp32 [N, N] x [N, N] matmuls timed here and now. peak_bytes is XLA's memory
-analysis of one update (arguments + outputs + temporaries, less donated aliases).
+FLOPs are XLA's cost analysis of each update compiled at the length the step cut it to,
+summed over a step (averaged over the timed steps), plus the scoring forward when the step
+has one (analysed the same way). The peak is the best of several jitted fp32 [N, N] x
+[N, N] matmuls timed here and now. peak_bytes is XLA's memory analysis of the largest of
+those updates (arguments + outputs + temporaries, less donated aliases).
 
 Prints {"tokens_per_s", "flops_per_s", "matmul_peak_flops_per_s", "fraction_of_peak",
 "peak_bytes", "seconds", "compile_seconds", "tokens", "padded_tokens", "updates",
@@ -135,7 +136,7 @@ def main(argv):
 
   # Each update's compiled cost, on its minibatch at the length the step cut it to, summed
   # over a step and averaged over the timed steps (each shuffles its rows anew).
-  row_lengths = np.asarray(np.sum(np.asarray(batch.positions_bt) >= 0, axis=1))
+  row_lengths = train_step_lib.row_lengths_of(batch)
   update = train_step_lib.make_update(model, spec, donate=True)
   u = spec.updates_per_step
   flops, peak_bytes, compiled_at = 0.0, 0, {}
@@ -158,7 +159,7 @@ def main(argv):
     flops += float(score.lower(state.params, state.ref_params, batch).compile()
                    .cost_analysis()["flops"])
   peak = matmul_peak(_MATMUL.value)
-  tokens = int(np.sum(np.asarray(batch.positions_bt) >= 0))
+  tokens = int(row_lengths.sum())
   report = {
       "tokens_per_s": tokens / seconds, "flops_per_s": flops / seconds,
       "matmul_peak_flops_per_s": peak, "fraction_of_peak": flops / seconds / peak,

@@ -10,7 +10,8 @@ With config.rl.ppo_epochs x config.rl.minibatches > 1, the step first scores the
 with the params it starts from (learner.with_old_policy: the old policy, unless the
 sampler's log-probs serve as it, and the KL reference once), computes group advantages
 on the whole batch, then runs ppo_epochs passes,
-each over `minibatches` shuffled row subsets; the learning-rate schedule counts rollout
+each over `minibatches` shuffled row subsets (`minibatch_rows`), each cut to the learner
+length its own rows need (`minibatch_length`); the learning-rate schedule counts rollout
 batches, not updates. Metrics are means over the updates, with clip_frac of the first and
 last epoch beside them. With one update per batch the step is one jitted update, as below.
 
