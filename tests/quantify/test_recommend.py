@@ -54,7 +54,7 @@ def test_the_command_reads_the_reports(tmp_path):
   (tmp_path / "coverage.json").write_text(json.dumps(COVERAGE))
   (tmp_path / "throughput.json").write_text(json.dumps(_throughput(1.5)))
   out = run_launch("recommend", "--workdir", str(tmp_path), "--config.model.topk_tokens=64",
-                   "--json")
+                   "--config.rl.num_steps=34", "--json")
   assert out.returncode == 0, out.stderr[-2000:]
   rec = json.loads(out.stdout.strip().splitlines()[-1])
   assert rec["route"] == "B then A" and rec["switch_to_route_a_at"] == 26  # 0.75 x 34.
