@@ -7,7 +7,9 @@
 
 Per route (agentic_rl/quantify/mismatch_routes.py: a, b, and each single change between
 them), the engine samples --num_tasks groups of the config's env with the same seeds, and
-the learner scores the same tokens under the route's replay settings. Writes
+the learner scores the same tokens under the route's replay settings. Routes that differ
+only in replay (e.g. b and b_no_routing_replay) share one sampling, so the report also
+compares them token by token: replay's effect alone, without sampling noise. Writes
 report.json, report.md, mismatch_hist.png (|log r| per route) and mismatch_by_turn.png
 (k3 by turn) to --workdir. --json prints {"routes": {name: {"k1", "k3",
 "abs_logp_diff_p99", "routing_agreement", ...}}}. --checkpoint is a run's workdir,
@@ -45,9 +47,9 @@ def main(argv):
   config = _CONFIG.value
   mismatch_report.check_checkpoint(config, _CHECKPOINT.value)
   os.makedirs(_WORKDIR.value, exist_ok=True)
-  measured = []
+  measured, samples = [], {}
   for name in names:
-    m = mismatch_report.measure_route(config, name, _CHECKPOINT.value, _TASKS.value)
+    m = mismatch_report.measure_route(config, name, _CHECKPOINT.value, _TASKS.value, samples)
     measured.append(m)
     if not _JSON.value:
       print(f"{name}: k3 {m.report['k3']:.3g}, |log r| p99 {m.report['abs_logp_diff_p99']:.3g}"

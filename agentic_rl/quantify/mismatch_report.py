@@ -25,6 +25,7 @@ import numpy as np
 from agentic_rl.quantify import mismatch_routes
 from agentic_rl.quantify import rollouts
 from agentic_rl.records.trajectory import to_batch
+from agentic_rl.rl import config as rl_config_lib
 from agentic_rl.rl import learner
 from agentic_rl.rl import mismatch
 from agentic_rl.train import sft as sft_lib
@@ -84,16 +85,30 @@ class RouteMeasurement:
   name: str
   settings: dict  # What the route sets: layer pattern, cache dtype, replay.
   report: dict  # The figures, with their breakdowns.
-  log_r: np.ndarray  # Per generated token, for the histograms.
+  log_r: np.ndarray  # Per generated token, for the histograms and the paired comparison.
+  sampler_key: str = ""  # Routes with one key were scored on the same tokens.
 
 
-def measure_route(config, name: str, checkpoint: str, num_tasks: int) -> RouteMeasurement:
+def measure_route(config, name: str, checkpoint: str, num_tasks: int,
+                  samples: dict | None = None) -> RouteMeasurement:
   """Samples `num_tasks` task groups of the config's env from `checkpoint` under route
-  `name`, scores them with the learner, and returns the figures."""
+  `name`, scores them with the learner, and returns the figures. With `samples` (a dict
+  kept across calls, sampler key -> (route, rollouts)), a route whose sampler matches an
+  earlier one's (mismatch_routes.sampler_key) is scored on that route's trajectories."""
   rc = mismatch_routes.route_config(config, name)
-  sampled = rollouts.sample(rc, checkpoint, num_tasks)
+  key = mismatch_routes.sampler_key(rc)
+  if samples is not None and key in samples:
+    sampled_by, sampled = samples[key]
+  else:
+    sampled_by, sampled = name, rollouts.sample(rc, checkpoint, num_tasks)
+    if samples is not None:
+      samples[key] = (name, sampled)
   trajs, model, params = sampled.trajectories, sampled.model, sampled.params
-  rl_spec, rollout_spec = sampled.rl_spec, sampled.rollout_spec
+  # Shared rollouts come with their sampling route's spec; the keys match, so only the
+  # replay settings, which the learner reads, are this route's own.
+  own = rl_config_lib.validate(rc.rl, rc.model, rc.rollout)
+  rl_spec = dataclasses.replace(sampled.rl_spec, replay=own.replay)
+  rollout_spec = sampled.rollout_spec
   longest = max(t.length for t in trajs)
   batch = to_batch(trajs, length=sft_lib.padded_length(longest, rollout_spec.max_len))
   learner.check_replay_available(batch, rl_spec, model.spec)
@@ -122,6 +137,7 @@ def measure_route(config, name: str, checkpoint: str, num_tasks: int) -> RouteMe
       "routing_agreement": _agreement(sums, "layer/route_overlap", "layer/route_slots"),
       "block_agreement": _agreement(sums, "layer/block_overlap", "layer/block_used"),
       "trajectories": len(trajs),
+      "rollouts_of": sampled_by,
       "by_turn": grouped_stats(log_r[on_bt], np.asarray(batch.turn_index_bt)[on_bt], **kw),
       "by_position": {f"{int(int(b) * width)}-{int((int(b) + 1) * width)}": s
                       for b, s in grouped_stats(log_r[on_bt], bucket, **kw).items()},
@@ -132,7 +148,7 @@ def measure_route(config, name: str, checkpoint: str, num_tasks: int) -> RouteMe
               "replay_blocks": bool(rl_spec.replay.blocks),
               "replay_sampling_mask": bool(rl_spec.replay.sampling_mask),
               "sampler_truncates": bool(rl_spec.sampling_truncated)}
-  return RouteMeasurement(name, settings, report, log_r[on_bt])
+  return RouteMeasurement(name, settings, report, log_r[on_bt], key)
 
 
 def check_checkpoint(config, checkpoint: str) -> None:
@@ -142,9 +158,44 @@ def check_checkpoint(config, checkpoint: str) -> None:
   load_params_with(config, checkpoint, "--checkpoint")
 
 
+def paired_replay(on: RouteMeasurement, off: RouteMeasurement, flag: str) -> dict:
+  """Replay's effect on the same tokens: `on` and `off` scored one set of trajectories,
+  `flag` replayed in `on` only. Tokens where the two learners agree exactly are where the
+  learner's own choice equals the sampler's; the rest carry the effect. d = |log r_off| -
+  |log r_on| per token, with a normal 95% interval on its mean."""
+  if on.log_r.shape != off.log_r.shape:
+    raise ValueError(f"routes {on.name} and {off.name} share no tokens")
+  a_on, a_off = np.abs(on.log_r), np.abs(off.log_r)
+  d = a_off - a_on
+  changed = on.log_r != off.log_r
+  n = int(d.size)
+  mean = float(d.mean()) if n else 0.0
+  half = float(1.96 * d.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
+  k3 = lambda x: float(np.mean(np.expm1(x) - x)) if x.size else None
+  return {"replayed": on.name, "unreplayed": off.name, "flag": flag, "num_tokens": n,
+          "tokens_changed": int(changed.sum()),
+          "k3_replayed": k3(on.log_r), "k3_unreplayed": k3(off.log_r),
+          "k3_replayed_on_changed": k3(on.log_r[changed]),
+          "k3_unreplayed_on_changed": k3(off.log_r[changed]),
+          "abs_log_r_increase_mean": mean, "abs_log_r_increase_ci95": [mean - half, mean + half],
+          "unreplayed_larger_on_changed": int((d[changed] > 0).sum())}
+
+
+def replay_comparisons(measurements: list[RouteMeasurement]) -> list[dict]:
+  """paired_replay for every pair of measured routes that shares its tokens and differs in
+  one replay flag (mismatch_routes.replay_pairs)."""
+  by_name = {m.name: m for m in measurements}
+  pairs = mismatch_routes.replay_pairs(
+      list(by_name), {m.name: m.sampler_key for m in measurements},
+      {m.name: m.settings for m in measurements})
+  return [paired_replay(by_name[on], by_name[off], flag) for on, off, flag in pairs]
+
+
 def summary_json(measurements: list[RouteMeasurement]) -> dict[str, Any]:
-  """The `--json` form: {"routes": {name: {figures..., "settings": ...}}}."""
-  return {"routes": {m.name: {**m.report, "settings": m.settings} for m in measurements}}
+  """The `--json` form: {"routes": {name: {figures..., "settings": ...}}, "replay_pairs":
+  [paired_replay for each route pair that isolates one replay flag]}."""
+  return {"routes": {m.name: {**m.report, "settings": m.settings} for m in measurements},
+          "replay_pairs": replay_comparisons(measurements)}
 
 
 def _fmt(v) -> str:
@@ -167,6 +218,18 @@ def markdown(measurements: list[RouteMeasurement], header: str) -> str:
   lines += ["", "Settings:", ""]
   for m in measurements:
     lines.append(f"- {m.name}: " + ", ".join(f"{k} {v}" for k, v in m.settings.items()))
+  pairs = replay_comparisons(measurements)
+  if pairs:
+    lines += ["", "Replay on the same tokens (each pair scored one set of trajectories; "
+              "changed: tokens whose log r differs between the two):", "",
+              "| replayed | unreplayed | tokens changed | k3 on changed, replayed | "
+              "k3 on changed, unreplayed | mean |log r| increase [95%] |", "|---" * 6 + "|"]
+    for p in pairs:
+      lo, hi = p["abs_log_r_increase_ci95"]
+      lines.append(f"| {p['replayed']} | {p['unreplayed']} | {p['tokens_changed']} of "
+                   f"{p['num_tokens']} | {_fmt(p['k3_replayed_on_changed'])} | "
+                   f"{_fmt(p['k3_unreplayed_on_changed'])} | {_fmt(p['abs_log_r_increase_mean'])}"
+                   f" [{_fmt(lo)}, {_fmt(hi)}] |")
   for m in measurements:
     lines += ["", f"## {m.name}", ""]
     for scope in ("by_turn", "by_position"):

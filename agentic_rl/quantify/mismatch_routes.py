@@ -32,6 +32,7 @@ choices lower the mismatch?
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import ml_collections
@@ -109,6 +110,31 @@ def parse_routes(names: str | list[str] | None) -> list[str]:
   if len(set(names)) != len(names):
     raise ValueError(f"--routes={','.join(names)} names a route twice.")
   return names
+
+
+def sampler_key(route_config: ml_collections.ConfigDict) -> str:
+  """What the sampler's tokens depend on: the route's config without rl.replay, which only
+  the learner reads (the engine records experts, blocks and masks whatever it says). Routes
+  with one key sample the same trajectories, so they are scored on the same tokens."""
+  d = route_config.to_dict()
+  d["rl"] = {k: v for k, v in d["rl"].items() if k != "replay"}
+  return json.dumps(d, sort_keys=True, default=str)
+
+
+def replay_pairs(names: list[str], keys: dict[str, str], settings: dict[str, dict]
+                 ) -> list[tuple[str, str, str]]:
+  """(replayed, unreplayed, flag) for each two routes of `names` with one sampler key whose
+  settings differ in exactly one replay flag, on in the first: the pairs whose paired
+  per-token difference is replay's effect alone."""
+  out = []
+  for on in names:
+    for off in names:
+      if on == off or keys[on] != keys[off]:
+        continue
+      differ = [k for k in settings[on] if settings[on][k] != settings[off][k]]
+      if len(differ) == 1 and differ[0].startswith("replay_") and settings[on][differ[0]]:
+        out.append((on, off, differ[0]))
+  return out
 
 
 def route_config(config: ml_collections.ConfigDict, name: str) -> ml_collections.ConfigDict:

@@ -85,6 +85,55 @@ def test_unknown_route_lists_the_valid_ones():
   assert mismatch_routes.parse_routes("") == list(mismatch_routes.ROUTES)
 
 
+def test_routes_that_differ_only_in_replay_share_a_sampler():
+  config = quickstart.get_config()
+  key = {n: mismatch_routes.sampler_key(mismatch_routes.route_config(config, n))
+         for n in ("a", "no_routing_replay", "b", "b_block_replay", "b_no_routing_replay",
+                   "bf16_cache")}
+  assert key["a"] == key["no_routing_replay"] != key["b"]
+  assert key["b"] == key["b_block_replay"] == key["b_no_routing_replay"]
+  assert key["bf16_cache"] not in (key["a"], key["b"])
+
+
+def _settings(**replay):
+  out = {"layer_pattern": "SSSG", "cache_dtype": "bfloat16", "replay_routing": True,
+         "replay_blocks": True, "replay_sampling_mask": True, "sampler_truncates": False}
+  return {**out, **{f"replay_{k}": v for k, v in replay.items()}}
+
+
+def test_paired_replay_by_hand():
+  on_r = np.array([0.1, -0.2, 0.0, 0.3])
+  off_r = np.array([0.1, -0.5, 0.0, 0.2])  # Tokens 1 and 3 changed: one up, one down.
+  on = mr.RouteMeasurement("on", _settings(), {}, on_r, "k")
+  off = mr.RouteMeasurement("off", _settings(routing=False), {}, off_r, "k")
+  p = mr.paired_replay(on, off, "replay_routing")
+  assert p["tokens_changed"] == 2 and p["unreplayed_larger_on_changed"] == 1
+  k3 = lambda x: np.mean(np.exp(x) - 1 - x)
+  assert p["k3_replayed_on_changed"] == pytest.approx(k3(np.array([-0.2, 0.3])))
+  assert p["k3_unreplayed_on_changed"] == pytest.approx(k3(np.array([-0.5, 0.2])))
+  assert p["k3_unreplayed"] == pytest.approx(k3(off_r))
+  d = np.array([0.0, 0.3, 0.0, -0.1])
+  half = 1.96 * d.std(ddof=1) / 2
+  assert p["abs_log_r_increase_mean"] == pytest.approx(0.05)
+  assert p["abs_log_r_increase_ci95"] == pytest.approx([0.05 - half, 0.05 + half])
+
+
+def test_only_same_token_single_flag_pairs_are_compared():
+  r = np.zeros(3)
+  ms = [mr.RouteMeasurement("b", _settings(blocks=False), {}, r, "k"),
+        mr.RouteMeasurement("b_block_replay", _settings(), {}, r, "k"),
+        mr.RouteMeasurement("b_no_routing_replay", _settings(blocks=False, routing=False), {},
+                            r, "k"),
+        mr.RouteMeasurement("elsewhere", _settings(routing=False), {}, r, "other")]
+  pairs = [(p["replayed"], p["unreplayed"], p["flag"]) for p in mr.replay_comparisons(ms)]
+  # b_block_replay vs b_no_routing_replay differ in two flags; "elsewhere" has other tokens.
+  assert pairs == [("b", "b_no_routing_replay", "replay_routing"),
+                   ("b_block_replay", "b", "replay_blocks")]
+  with pytest.raises(ValueError, match="share no tokens"):
+    mr.paired_replay(ms[0], mr.RouteMeasurement("x", _settings(), {}, np.zeros(2), "k"),
+                     "replay_blocks")
+
+
 def test_a_checkpoint_of_another_layout_is_refused_naming_the_field(tmp_path):
   from tests.train.tiny_config import tiny_config
   config = tiny_config()
@@ -93,16 +142,19 @@ def test_a_checkpoint_of_another_layout_is_refused_naming_the_field(tmp_path):
     mr.check_checkpoint(config, quickstart.BASE)
 
 
-@pytest.mark.slow  # ~4 min: three routes, each its own engine and learner compile.
+@pytest.mark.slow  # ~4 min: three samplings, five learner compiles.
 def test_measure_mismatch_on_the_shipped_base(tmp_path):
   out = str(tmp_path / "mm")
+  names = ("a", "b", "b_no_routing_replay", "bf16_compute_sparse",
+           "bf16_compute_no_block_replay")
   run = run_launch(
       "measure_mismatch", "--config", "tests/train/tiny_config_file.py",
-      "--checkpoint", quickstart.BASE, "--workdir", out, "--num_tasks", "4",
-      "--routes", "a,b,b_no_routing_replay", "--config.rollout.max_turns=6",
+      "--checkpoint", quickstart.BASE, "--workdir", out, "--num_tasks", "8",
+      "--routes", ",".join(names), "--config.rollout.max_turns=6",
       "--config.rollout.max_new_tokens_per_turn=48", "--json", timeout=1800)
   assert run.returncode == 0, run.stderr[-3000:]
-  routes = json.loads(run.stdout.strip().splitlines()[-1])["routes"]
+  summary = json.loads(run.stdout.strip().splitlines()[-1])
+  routes = summary["routes"]
   a, b, free = routes["a"], routes["b"], routes["b_no_routing_replay"]
   for r in routes.values():
     for key in ("k1", "k3", "abs_logp_diff_p99", "routing_agreement", "by_turn",
@@ -114,9 +166,22 @@ def test_measure_mismatch_on_the_shipped_base(tmp_path):
   # Replayed choices agree by construction; the learner's own choices flip on some tokens.
   assert a["routing_agreement"] == b["routing_agreement"] == 1.0
   assert free["routing_agreement"] < 1.0 and b["block_agreement"] < 1.0
+  # Routes that differ only in replay score one sampling's tokens, so their difference is
+  # replay's alone: with bf16 compute, blocks the learner picks itself raise the mismatch.
+  assert free["rollouts_of"] == "b" and free["num_tokens"] == b["num_tokens"]
+  on, off = routes["bf16_compute_sparse"], routes["bf16_compute_no_block_replay"]
+  assert off["rollouts_of"] == "bf16_compute_sparse" and off["block_agreement"] < 1.0
+  assert off["k3"] > on["k3"]
+  pairs = {(p["replayed"], p["unreplayed"]): p for p in summary["replay_pairs"]}
+  assert set(pairs) == {("b", "b_no_routing_replay"),
+                        ("bf16_compute_sparse", "bf16_compute_no_block_replay")}
+  blocks = pairs[("bf16_compute_sparse", "bf16_compute_no_block_replay")]
+  assert blocks["tokens_changed"] > 0
+  assert blocks["k3_unreplayed_on_changed"] > blocks["k3_replayed_on_changed"]
   report = json.load(open(os.path.join(out, "report.json")))
   assert report["routes"].keys() == routes.keys()
-  assert "| b_no_routing_replay |" in open(os.path.join(out, "report.md")).read()
+  md = open(os.path.join(out, "report.md")).read()
+  assert "| b_no_routing_replay |" in md and "Replay on the same tokens" in md
   for png in ("mismatch_hist.png", "mismatch_by_turn.png"):
     with open(os.path.join(out, png), "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
