@@ -216,6 +216,9 @@ class TaskSelectionConfig:
   priority_floor: float = 0.02  # Minimum weight, so no task starves.
   dynamic_sampling: bool = True  # Drop groups whose rewards are all equal; refill.
   max_sampling_rounds: int = 4  # Refill rounds before giving up on filling the batch.
+  # Informative groups beyond a step's batch open the next step's batch (at most groups - 1,
+  # so every step samples; dropped at a checkpoint, so a resumed run matches).
+  carry_informative: bool = True
   pool_size: int = 64  # Tasks held; 0 = no pool: every pick is a fresh task from the stream.
   max_visits: int = 4  # A task retires after this many groups (or once all its outcomes agree).
   curriculum: tuple[str, ...] = ()  # Tier names, easiest first; () = off (the default tier).

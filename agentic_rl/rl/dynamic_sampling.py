@@ -8,6 +8,13 @@ task selection), keeps the groups with differing rewards and asks again until th
 batch is full or `max_sampling_rounds` have run. If still short, it tops the
 batch up with dropped groups so the learner's batch keeps its (jit) shape and
 says how many it used.
+
+A refill round often brings more informative groups than the batch has room for. With
+`task_selection.carry_informative` they open the next step's batch instead of being
+thrown away: one step off-policy, which the PPO ratio against the sampler's own
+log-probs accounts for. At most num_groups - 1 are carried, so every step samples under
+its own params, and `drop_carry` empties the carry where a checkpoint is written: a run
+resumed from it starts with none, as the uninterrupted run did.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ class CollectStats:
   groups_sampled: int
   groups_dropped: int
   uninformative_filled: int  # dropped groups used to top up a short batch
+  carried_in: int = 0  # informative groups the previous step sampled beyond its batch
+  informative_discarded: int = 0  # informative groups no batch will take (carry off or full)
 
   @property
   def filled_with_informative(self) -> bool:
@@ -75,6 +84,19 @@ class DynamicSampler:
     self.selector = selector
     self.source = source
     self._informative_rate = 1.0  # running estimate, sizes each refill request
+    self._carry: list[Group] = []  # informative groups sampled beyond a batch, oldest first
+    self._discarded = 0  # carried groups dropped since the last collect
+
+  @property
+  def carried(self) -> int:
+    return len(self._carry)
+
+  def drop_carry(self) -> int:
+    """Empties the carry (a checkpoint is written, or the route changes); returns how many
+    groups it held."""
+    n = len(self._carry)
+    self._carry, self._discarded = [], self._discarded + n
+    return n
 
   @property
   def informative_rate(self) -> float:
@@ -88,7 +110,10 @@ class DynamicSampler:
 
   def collect(self, num_groups: int) -> tuple[list[Group], CollectStats]:
     spec = self.selector.spec
-    kept: list[Group] = []
+    kept: list[Group] = self._carry[:num_groups]
+    carried_in = len(kept)
+    discarded = self._discarded + len(self._carry) - carried_in
+    self._carry, self._discarded = [], 0
     dropped: list[Group] = []
     sampled = rounds = 0
     while len(kept) < num_groups and rounds < spec.task_selection.max_sampling_rounds:
@@ -115,7 +140,10 @@ class DynamicSampler:
         else:
           dropped.append(group)
       self._informative_rate = 0.5 * self._informative_rate + 0.5 * useful / len(groups)
-    kept = kept[:num_groups]
+    kept, surplus = kept[:num_groups], kept[num_groups:]
+    if spec.task_selection.carry_informative and spec.task_selection.dynamic_sampling:
+      self._carry = surplus[:num_groups - 1]
+    discarded += len(surplus) - len(self._carry)
     filled = 0
     while len(kept) < num_groups and dropped:
       kept.append(dropped.pop())
@@ -125,4 +153,5 @@ class DynamicSampler:
                          f"{rounds} rounds.")
     return kept, CollectStats(rounds=rounds, groups_sampled=sampled,
                               groups_dropped=len(dropped) + filled,
-                              uninformative_filled=filled)
+                              uninformative_filled=filled, carried_in=carried_in,
+                              informative_discarded=discarded)

@@ -80,6 +80,7 @@ def run_rl(ctx: RunContext, state: TrainState, run: RunState) -> TrainState:
             f"{logged['rollout/tokens_per_s']:.0f} tok/s | ETA {eta:.0f}s")
     if run.rl_step % ctx.train_spec.checkpoint_every == 0 or run.rl_step == num_steps:
       ctx.save(state, run)
+      sampler.drop_carry()  # A run resumed from here starts with no carry either.
   if ctx.stop.is_set():
     ctx.save(state, run, force=True)
   return state
@@ -137,6 +138,8 @@ def _rl_step(ctx: RunContext, sampler, state, run: RunState, num_steps: int
   tc = ctx.train_spec
   step = run.rl_step
   route = ctx.routes.for_step(step)
+  if step > 0 and ctx.routes.name_for_step(step - 1) != route.name:
+    sampler.drop_carry()  # Groups the other route sampled carry its replay records.
   # At a stage switch: the new route's layout (route A adds a critic). Else a no-op.
   state = ctx.state_io.place(route.adopt(state, ctx.config.seed))
   t0 = time.time()
@@ -217,6 +220,10 @@ def _collect(ctx: RunContext, route, sampler, state, step: int):
             "rollout/groups_dropped": stats.groups_dropped,
             # Uniform groups the batch took because too few informative ones came.
             "rollout/uninformative_filled": stats.uninformative_filled,
+            # Informative groups the last step sampled beyond its batch, trained on here;
+            # and those no batch takes (carry off, over its cap, or dropped at a checkpoint).
+            "rollout/groups_carried": stats.carried_in,
+            "rollout/informative_discarded": stats.informative_discarded,
             "rollout/informative_rate_estimate": sampler.informative_rate,
             "rollout/sampling_rounds": stats.rounds,
             "rollout/peak_kv_bytes": route.engine.stats.peak_kv_bytes,

@@ -124,6 +124,61 @@ def test_dynamic_sampler_keeps_its_estimate_across_steps_and_a_resume():
   assert asked[:2] == [8, 8], asked
 
 
+class _Scripted:
+  """A GroupSource that answers request i with the informative flags script[i] (each
+  group's payload is its (request, index) so a carried group can be recognised)."""
+
+  def __init__(self, script):
+    self.script, self.asked = list(script), []
+
+  def generate(self, task_ids, group_size):
+    flags = self.script[len(self.asked)]
+    assert len(flags) == len(task_ids), (flags, task_ids)
+    self.asked.append(len(task_ids))
+    return [ds.Group(t, np.array([0.0, 1.0] if f else [1.0, 1.0]),
+                     payload=(len(self.asked) - 1, i))
+            for i, (t, f) in enumerate(zip(task_ids, flags))]
+
+
+def test_informative_groups_beyond_the_batch_open_the_next_one():
+  """By hand: step 1 asks 4 (2 informative; rate 1/2 + 2/4/2 = 0.75), then ceil(2 / 0.75)
+  = 3, all informative: one beyond the batch, carried. Step 2 opens with it, asks 3 (all
+  informative). After drop_carry, nothing carries and the drop is counted."""
+  selector = _selector(["t"], **{"group_size": 2, "task_selection.max_sampling_rounds": 4})
+  source = _Scripted([[1, 0, 1, 0], [1, 1, 1], [1, 1, 1], [1, 1, 1, 1], [1, 1, 1], [1, 1, 1]])
+  sampler = ds.DynamicSampler(selector, source)
+  groups, stats = sampler.collect(4)
+  assert [g.payload for g in groups] == [(0, 0), (0, 2), (1, 0), (1, 1)]
+  assert stats.carried_in == 0 and stats.informative_discarded == 0 and sampler.carried == 1
+  groups, stats = sampler.collect(4)
+  assert [g.payload for g in groups] == [(1, 2), (2, 0), (2, 1), (2, 2)]
+  assert stats.carried_in == 1 and stats.groups_sampled == 3 and sampler.carried == 0
+  # Four asked, four informative: nothing left over. Then a carry dropped at a checkpoint.
+  groups, stats = sampler.collect(4)
+  assert source.asked[-1] == 4 and sampler.carried == 0
+  sampler._carry = [ds.Group("t", np.array([0.0, 1.0]), payload="old")]
+  assert sampler.drop_carry() == 1 and sampler.carried == 0
+  groups, stats = sampler.collect(3)
+  assert stats.carried_in == 0 and stats.informative_discarded == 1
+  assert "old" not in [g.payload for g in groups]
+
+
+def test_the_carry_is_capped_below_a_batch_and_can_be_turned_off():
+  """A second round of 7 informative groups for 2 places: 5 beyond the batch, 3 carried
+  (num_groups - 1, so the next step samples), 2 discarded; off, all 5 are discarded."""
+  for carry, kept_over, discarded in ((True, 3, 2), (False, 0, 5)):
+    selector = _selector(["t"], **{"group_size": 2, "task_selection.max_sampling_rounds": 4,
+                                   "task_selection.carry_informative": carry})
+    sampler = ds.DynamicSampler(selector, _Scripted([[1, 1, 0, 0], [1] * 7,
+                                                     [1] * (4 - kept_over)]))
+    sampler._informative_rate = 0.1  # Then 0.05 + 0.25 = 0.3: the second round asks 7.
+    groups, stats = sampler.collect(4)
+    assert len(groups) == 4 and sampler.carried == kept_over
+    assert stats.informative_discarded == discarded
+    groups, stats = sampler.collect(4)
+    assert stats.carried_in == kept_over and stats.groups_sampled == 4 - kept_over
+
+
 def test_dynamic_sampling_off_keeps_everything():
   rewards = {"easy": lambda g: [1.0] * g}
   selector = _selector(["easy"], **{"group_size": 2,
