@@ -7,10 +7,11 @@ import sys
 import pytest
 
 # XLA:CPU keeps several memory maps per compiled program while the program is cached. One
-# pytest worker runs hundreds of modules: past vm.max_map_count (65530 by default) the next
+# pytest worker runs hundreds of tests: past vm.max_map_count (65530 by default) the next
 # compile's mmap fails and XLA kills the worker with a segfault (seen in CI and here, in
-# backend_compile_and_load, ~45k maps in by tests/rollout). Between modules, once the
-# process holds more than half the limit, JAX's caches are dropped and their maps go back.
+# backend_compile_and_load, ~45k maps in by tests/rollout). After each test, once the
+# process holds more than a third of the limit, JAX's caches are dropped and their maps go
+# back (a module's tests can add tens of thousands, so checking per module was too late).
 _MAX_MAP_COUNT = "/proc/sys/vm/max_map_count"
 
 
@@ -30,10 +31,13 @@ def _map_limit() -> int:
     return 65530
 
 
-@pytest.fixture(autouse=True, scope="module")
+_LIMIT = _map_limit()
+
+
+@pytest.fixture(autouse=True)
 def _release_compiled_programs():
   yield
-  jax = sys.modules.get("jax")  # A module that never imported jax compiled nothing.
-  if jax is not None and _map_count() > _map_limit() // 2:
+  jax = sys.modules.get("jax")  # A process that never imported jax compiled nothing.
+  if jax is not None and _map_count() > _LIMIT // 3:
     jax.clear_caches()
     gc.collect()

@@ -14,7 +14,9 @@ A refill round often brings more informative groups than the batch has room for.
 thrown away: one step off-policy, which the PPO ratio against the sampler's own
 log-probs accounts for. At most num_groups - 1 are carried, so every step samples under
 its own params, and `drop_carry` empties the carry where a checkpoint is written: a run
-resumed from it starts with none, as the uninterrupted run did.
+resumed from it starts with none, as the uninterrupted run did. Off by default: on the
+quickstart the carry cut the episodes sampled by 30% and lowered the held-out gain on
+each of three seeds.
 """
 
 from __future__ import annotations

@@ -144,7 +144,8 @@ def test_informative_groups_beyond_the_batch_open_the_next_one():
   """By hand: step 1 asks 4 (2 informative; rate 1/2 + 2/4/2 = 0.75), then ceil(2 / 0.75)
   = 3, all informative: one beyond the batch, carried. Step 2 opens with it, asks 3 (all
   informative). After drop_carry, nothing carries and the drop is counted."""
-  selector = _selector(["t"], **{"group_size": 2, "task_selection.max_sampling_rounds": 4})
+  selector = _selector(["t"], **{"group_size": 2, "task_selection.max_sampling_rounds": 4,
+                                 "task_selection.carry_informative": True})
   source = _Scripted([[1, 0, 1, 0], [1, 1, 1], [1, 1, 1], [1, 1, 1, 1], [1, 1, 1], [1, 1, 1]])
   sampler = ds.DynamicSampler(selector, source)
   groups, stats = sampler.collect(4)
