@@ -171,7 +171,7 @@ def paired_replay(on: RouteMeasurement, off: RouteMeasurement, flag: str) -> dic
   n = int(d.size)
   mean = float(d.mean()) if n else 0.0
   half = float(1.96 * d.std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
-  k3 = lambda x: float(np.mean(np.expm1(x) - x)) if x.size else None
+  k3 = lambda x: token_stats(x)["k3"]  # The routes' own figure, None on no tokens.
   return {"replayed": on.name, "unreplayed": off.name, "flag": flag, "num_tokens": n,
           "tokens_changed": int(changed.sum()),
           "k3_replayed": k3(on.log_r), "k3_unreplayed": k3(off.log_r),
