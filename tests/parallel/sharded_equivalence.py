@@ -29,16 +29,40 @@ SPEC = ModelSpec(vocab_size=128, d_model=32, num_layers=4, layer_pattern="SSSG",
                  moe=MoESpec(num_experts=4, num_experts_per_token=2, d_ff_expert=16,
                              num_shared_experts=1))
 B, T = 8, 24
+GRAD_FLOOR = 1e-4  # Above it d(step)/dg <= lr * eps / floor^2 = 1e-2: a 1e-5 grad diff moves 1e-7.
+
+
+LR, EPS = 1e-2, 1e-8
 
 
 def run(params, tokens, positions, model, place_cache=lambda c: c):
   (loss, (logits, _)), grads = jax.jit(jax.value_and_grad(
       lambda p: loss_fn(model, p, tokens, positions), has_aux=True))(params)
-  opt = optax.adam(1e-2)
+  opt = optax.adam(LR, eps=EPS)
   updates, _ = jax.jit(opt.update)(grads, jax.jit(opt.init)(params), params)
   stepped = jax.jit(optax.apply_updates)(params, updates)
   return {"logits": logits, "loss": loss, "grads": grads, "stepped": stepped,
           "sampler_logp": sampler_logp(model, params, tokens, positions, place_cache)}
+
+
+def adam_first_step_f64(params, grads):
+  """Adam's first step in float64 numpy: bias correction makes it p - lr * g / (|g| + eps)."""
+  return jax.tree.map(lambda p, g: np.asarray(p, np.float64) - LR * np.asarray(g, np.float64)
+                      / (np.abs(np.asarray(g, np.float64)) + EPS), params, grads)
+
+
+def step_diffs(one, params, sharded, floor: float) -> tuple[float, float]:
+  """(sharded step against float64 Adam on its own grads, sharded step against the one-device
+  step where |g| > floor). Below the floor g / (|g| + eps) turns on reduction-order noise."""
+  own = max_diff(adam_first_step_f64(jax.device_get(params), jax.device_get(sharded["grads"])),
+                 jax.device_get(sharded["stepped"]))
+  conditioned = 0.0
+  for g, a, b in zip(jax.tree.leaves(one["grads"]), jax.tree.leaves(one["stepped"]),
+                     jax.tree.leaves(jax.device_get(sharded["stepped"]))):
+    keep = np.abs(np.asarray(g)) > floor
+    if keep.any():
+      conditioned = max(conditioned, float(np.max(np.abs(np.asarray(a) - np.asarray(b))[keep])))
+  return own, conditioned
 
 
 def main(mesh_flags: list[str]):
@@ -61,6 +85,7 @@ def compare(model, devices, tokens, positions, one_params, one, mesh_flag):
   place_cache = lambda c: jax.device_put(c, rules.named(mesh, rules.cache_specs(c, sizes)))  # noqa: E731
   sharded = run(params, jax.device_put(tokens, batch), jax.device_put(positions, batch), model,
                 place_cache)
+  step_own, step_conditioned = step_diffs(one, params, sharded, GRAD_FLOOR)
   specs = {"/".join(str(getattr(k, "key", k)) for k in path): str(leaf.sharding.spec)
            for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
   print(json.dumps({
@@ -70,6 +95,9 @@ def compare(model, devices, tokens, positions, one_params, one, mesh_flag):
       "loss_abs_diff": max_diff(one["loss"], sharded["loss"]),
       "grad_max_abs_diff": max_diff(one["grads"], sharded["grads"]),
       "step_max_abs_diff": max_diff(one["stepped"], sharded["stepped"]),
+      "step_vs_f64_adam_max_abs_diff": step_own,
+      "step_where_grad_above_floor_max_abs_diff": step_conditioned,
+      "grad_floor": GRAD_FLOOR,
       "sampler_logp_max_abs_diff": max_diff(one["sampler_logp"], sharded["sampler_logp"]),
       "param_specs": specs,
       "params_sharded": sum(not all(s is None for s in leaf.sharding.spec)

@@ -31,9 +31,13 @@ def test_sharded_equals_one_device(reports, mesh):
   assert r["devices"] == 8 and r["init_max_abs_diff"] == 0.0  # Same params, born sharded.
   assert r["forward_max_abs_diff"] < 5e-5 and r["loss_abs_diff"] < 1e-5
   assert r["grad_max_abs_diff"] < 1e-5
-  # Adam's first step divides each gradient entry by its own magnitude, so a reduction-order
-  # difference of 1e-6 in an entry near zero moves its update by a share of lr = 1e-2.
-  assert r["step_max_abs_diff"] < 1e-4
+  # Adam's first step is p - lr * g / (|g| + eps): for an entry with |g| near eps, a
+  # reduction-order difference flips it by up to 2 lr, so the whole-tree step diff is not a
+  # bound (CI saw 1.4e-4). The sharded optimizer is checked against float64 Adam on its own
+  # gradients, and against the one-device step where the step is well conditioned in g.
+  assert r["step_vs_f64_adam_max_abs_diff"] < 1e-6
+  assert r["step_where_grad_above_floor_max_abs_diff"] < 1e-6
+  assert r["step_max_abs_diff"] < 2 * 1e-2 + 1e-6  # No entry moves further than two steps.
   assert r["sampler_logp_max_abs_diff"] < 5e-5
 
 
