@@ -60,25 +60,37 @@ def masked_attention(q_btnh, k_bskh, v_bskh, mask_bts):
 
 
 def _one_query_attention(q_btnh, k_bskh, v_bskh, mask_bts):
-  """`masked_attention` for one query per row (a decode step), as products and sums over
-  the keys rather than batched [1, H] x [H, S] dots, which XLA runs far below the bytes
-  roofline; and with no pass over the keys and values beyond the two products. The same
-  rules: an unseen key or value cannot reach the output (select, not a zero weight), and a
-  seen non-finite one makes the query's kv group NaN. A seen non-finite key makes its
-  score non-finite (checked on the [B, S, K, G] scores); a seen non-finite value makes the
-  output non-finite (checked on the output)."""
+  """`masked_attention` for one query per row (a decode step).
+
+  Every kv head's scores come from one [S, K*H] x [K*H, K*G] dot per row, the queries laid
+  out block-diagonally, and the output from one [K*G, S] x [S, K*H] dot. That is K times
+  the score FLOPs, but XLA:CPU runs these dots far nearer its bytes roofline than per-head
+  products and sums, or batched [G, H] x [H, S] dots (`launch/bench_decode_parts.py`).
+  The rules are the many-query path's, at row grain: an unseen key or value cannot reach
+  the output (a key by the softmax's select, a value by a select), and a seen non-finite
+  one makes the row's output NaN. The many-query path makes only that kv group NaN; the
+  output projection mixes the groups, so the model's output is the same."""
   b, t, n, h = q_btnh.shape
   num_kv_heads = k_bskh.shape[2]
+  s = k_bskh.shape[1]
+  g = n // num_kv_heads
   q_bkgh = _group_queries(q_btnh, num_kv_heads)[:, 0].astype(jnp.float32)
-  mask_bs11 = mask_bts[:, 0, :, None, None]
-  scores_bskg = jnp.sum(q_bkgh[:, None] * k_bskh.astype(jnp.float32)[:, :, :, None, :],
-                        axis=-1) / jnp.sqrt(jnp.float32(h))
-  bad_bk = jnp.any(mask_bs11 & ~jnp.isfinite(scores_bskg), axis=(1, 3))
-  p_bskg = safe_softmax(scores_bskg, mask_bs11, axis=1)
-  v_bskh = jnp.where(mask_bs11, v_bskh.astype(jnp.float32), 0.0)
-  o_bkgh = jnp.sum(p_bskg[..., None] * v_bskh[:, :, :, None, :], axis=1)
-  bad_bk |= jnp.any(~jnp.isfinite(o_bkgh), axis=(2, 3))
-  o_bkgh = jnp.where(bad_bk[:, :, None, None], jnp.nan, o_bkgh)
+  eye_kj = jnp.eye(num_kv_heads, dtype=jnp.float32)
+  # [B, K*H, K*G]: head k's queries in rows k*H:(k+1)*H and columns k*G:(k+1)*G.
+  q_bcn = jnp.einsum("bkgh,kj->bkhjg", q_bkgh, eye_kj).reshape(
+      b, num_kv_heads * h, num_kv_heads * g)
+  mask_bs1 = mask_bts[:, 0, :, None]
+  k_bsc = k_bskh.astype(jnp.float32).reshape(b, s, num_kv_heads * h)
+  v_bsc = jnp.where(mask_bs1, v_bskh.astype(jnp.float32).reshape(b, s, num_kv_heads * h), 0.0)
+  scores_bsn = jnp.einsum("bsc,bcn->bsn", k_bsc, q_bcn) / jnp.sqrt(jnp.float32(h))
+  p_bsn = safe_softmax(scores_bsn, mask_bs1, axis=1)
+  o_bkgjh = jnp.einsum("bsn,bsc->bnc", p_bsn, v_bsc).reshape(b, num_kv_heads, g,
+                                                            num_kv_heads, h)
+  o_bkgh = jnp.moveaxis(jnp.diagonal(o_bkgjh, axis1=1, axis2=3), -1, 1)
+  # A seen -inf score has weight 0, so the output alone would not show it.
+  bad_b = (jnp.any(mask_bs1 & ~jnp.isfinite(scores_bsn), axis=(1, 2))
+           | jnp.any(~jnp.isfinite(o_bkgh), axis=(1, 2, 3)))
+  o_bkgh = jnp.where(bad_b[:, None, None, None], jnp.nan, o_bkgh)
   return o_bkgh.reshape(b, t, n, h).astype(q_btnh.dtype)
 
 

@@ -158,6 +158,22 @@ def test_local_window_attention_gradients_match_the_dense_path():
     np.testing.assert_allclose(g_local, g_dense, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("num_kv_heads,group", [(1, 4), (2, 2), (4, 1), (3, 2)])
+def test_one_query_path_matches_numpy_at_every_head_layout(num_kv_heads, group):
+  """The decode step's block-diagonal dots against the float64 loop, with rows that see
+  all, some, one and none of the keys."""
+  rng = np.random.default_rng(num_kv_heads)
+  b, s, d = 4, 19, 8
+  q = rng.standard_normal((b, 1, num_kv_heads * group, d)).astype(np.float32)
+  k, v = (rng.standard_normal((b, s, num_kv_heads, d)).astype(np.float32) for _ in range(2))
+  mask = rng.random((b, 1, s)) < 0.5
+  mask[0], mask[2], mask[3] = True, False, False
+  mask[2, 0, 7] = True
+  got = np.asarray(masked(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(mask)))
+  np.testing.assert_allclose(got, npa.attention(q, k, v, mask), **TOL)
+  np.testing.assert_array_equal(got[3], 0.0)
+
+
 @pytest.mark.parametrize("fill", [np.nan, np.inf, -np.inf])
 def test_one_query_path_matches_numpy_and_the_many_query_path_on_non_finite_keys(fill):
   """A decode step (T = 1) takes its own formulation; it must agree with the float64 loop,
@@ -184,3 +200,22 @@ def test_one_query_path_matches_numpy_and_the_many_query_path_on_non_finite_keys
   np.testing.assert_allclose(got[1:], want[1:], **TOL)
   np.testing.assert_allclose(got[1:], many[1:], **TOL)
   np.testing.assert_array_equal(got[2], 0.0)
+
+
+@pytest.mark.parametrize("fill", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["key", "value"])
+def test_one_seen_non_finite_entry_makes_the_decode_row_nan(fill, where):
+  """At T = 1 a seen non-finite key or value in one kv group makes the row NaN; the
+  many-query path makes only that group NaN. The output projection mixes the groups, so
+  the token's next hidden state is NaN either way. The other rows are untouched."""
+  q, k, v = qkv(6, 2, 1, 10)
+  mask = np.ones((2, 1, 10), bool)
+  k, v = np.array(k), np.array(v)
+  (k if where == "key" else v)[0, 4, 1, :] = fill  # Row 0, kv group 1, every entry.
+  got = np.asarray(masked(q, jnp.asarray(k), jnp.asarray(v), jnp.asarray(mask)))
+  q2 = jnp.concatenate([q, q], axis=1)
+  many = np.asarray(masked(q2, jnp.asarray(k), jnp.asarray(v),
+                           jnp.asarray(np.concatenate([mask, mask], axis=1))))[:, :1]
+  assert np.isnan(got[0]).all() and not np.isnan(got[1]).any()
+  assert np.isnan(many[0, 0, H // K:]).all() and not np.isnan(many[0, 0, :H // K]).any()
+  np.testing.assert_allclose(got[1], many[1], **TOL)
