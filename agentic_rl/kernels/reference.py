@@ -65,7 +65,8 @@ def _one_query_attention(q_btnh, k_bskh, v_bskh, mask_bts):
   Every kv head's scores come from one [S, K*H] x [K*H, K*G] dot per row, the queries laid
   out block-diagonally, and the output from one [K*G, S] x [S, K*H] dot. That is K times
   the score FLOPs, but XLA:CPU runs these dots far nearer its bytes roofline than per-head
-  products and sums, or batched [G, H] x [H, S] dots (`launch/bench_decode_parts.py`).
+  products and sums, or batched [G, H] x [H, S] dots (`launch/bench_decode_parts.py`'s
+  attention_ms and forward_ms, run before and after b92790d).
   The rules are the many-query path's, at row grain: an unseen key or value cannot reach
   the output (a key by the softmax's select, a value by a select), and a seen non-finite
   one makes the row's output NaN. The many-query path makes only that kv group NaN; the
