@@ -29,10 +29,9 @@ SPEC = ModelSpec(vocab_size=128, d_model=32, num_layers=4, layer_pattern="SSSG",
                  moe=MoESpec(num_experts=4, num_experts_per_token=2, d_ff_expert=16,
                              num_shared_experts=1))
 B, T = 8, 24
-GRAD_FLOOR = 1e-4  # Above it d(step)/dg <= lr * eps / floor^2 = 1e-2: a 1e-5 grad diff moves 1e-7.
-
-
-LR, EPS = 1e-2, 1e-8
+LR, EPS = 1e-2, 1e-8  # Adam's.
+# Where |g| > GRAD_FLOOR, d(step)/dg <= lr * eps / floor^2 = 1e-2: a 1e-5 grad diff moves 1e-7.
+GRAD_FLOOR = 1e-4
 
 
 def run(params, tokens, positions, model, place_cache=lambda c: c):
